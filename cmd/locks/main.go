@@ -1,0 +1,143 @@
+// Command locks is the one binary of lock-sensors: `locks run --targets=all` runs every part
+// in one process with an embedded NATS server; `--targets=bridge,state` runs a subset, and
+// `--partitions` splits the partitions between processes. `locks migrate` applies the
+// Postgres and ClickHouse migrations; `locks version` prints the version.
+//
+// main only parses configuration and wires the parts by hand; the parts never import one
+// another.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/lock-sensors/lock-sensors/internal/config"
+)
+
+// version is set with -ldflags "-X main.version=…"; otherwise the module version is used.
+var version = ""
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+const usage = `locks: watches door-lock sensors (see README.md)
+
+usage:
+  locks run [--targets=all|bridge,state,history,notifier,watchdog,api] [--partitions=all|0-7|i/k] [flags]
+  locks migrate [flags]
+  locks version
+
+Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
+--lost-after=5s. Run "locks run -h" for the list.
+`
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "locks", versionString())
+		return 0
+	case "run", "migrate":
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "locks: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+
+	fs := flag.NewFlagSet("locks "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	vals := config.Register(fs)
+	var targets, partitions string
+	if cmd == "run" {
+		fs.StringVar(&targets, "targets", "all", "parts to run: all, or a comma list of "+allTargetsList())
+		fs.StringVar(&partitions, "partitions", "all", "partitions this process owns: all, 0-7, 0,2,4, or i/k (the i-th of k shares)")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "locks %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return 2
+	}
+	cfg, err := config.Load(getenv, fs, vals)
+	if err != nil {
+		fmt.Fprintf(stderr, "locks: %v\n", err)
+		return 2
+	}
+	log := newLogger(stderr, cfg.LogLevel)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	switch cmd {
+	case "migrate":
+		err = migrate(ctx, cfg, true, true, log)
+	case "run":
+		var opts runOptions
+		if opts, err = parseRunOptions(targets, partitions, cfg); err != nil {
+			fmt.Fprintf(stderr, "locks: %v\n", err)
+			return 2
+		}
+		err = runParts(ctx, cfg, opts, log)
+	}
+	if err != nil {
+		// One line naming what is wrong; the details are in the wrapped errors.
+		fmt.Fprintf(stderr, "locks: %s\n", oneLine(err))
+		if errors.Is(err, config.ErrUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " " + s.Value[:12]
+			}
+		}
+		return v
+	}
+	return "(devel)"
+}
+
+// oneLine folds an error whose text spans lines (pgx lists each address tried) into one line.
+func oneLine(err error) string {
+	lines := strings.Split(err.Error(), "\n")
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+	}
+	return strings.Join(slices.DeleteFunc(lines, func(l string) bool { return l == "" }), "; ")
+}

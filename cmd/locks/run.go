@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/ops"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/migrations"
+)
+
+// allTargets are the parts `locks run` knows, in start order.
+var allTargets = []string{"bridge", "state", "history", "notifier", "watchdog", "api"}
+
+func allTargetsList() string { return strings.Join(allTargets, ",") }
+
+// What each part needs besides NATS.
+var (
+	needsPostgres   = []string{"state", "notifier", "watchdog", "api"}
+	needsClickHouse = []string{"history", "api"}
+	needsAMQP       = []string{"bridge"}
+)
+
+// shutdownGrace bounds how long the parts get to stop after SIGINT/SIGTERM.
+const shutdownGrace = 15 * time.Second
+
+type runOptions struct {
+	targets    []string
+	partitions partition.Set
+}
+
+func parseRunOptions(targets, partitions string, cfg config.Config) (runOptions, error) {
+	var o runOptions
+	for _, t := range strings.Split(targets, ",") {
+		t = strings.TrimSpace(t)
+		switch {
+		case t == "all":
+			o.targets = append(o.targets, allTargets...)
+		case slices.Contains(allTargets, t):
+			o.targets = append(o.targets, t)
+		default:
+			return o, &config.Error{Var: "--targets", Value: targets, Reason: "unknown part " + fmt.Sprintf("%q", t) + "; want all or a comma list of " + allTargetsList()}
+		}
+	}
+	slices.Sort(o.targets)
+	o.targets = slices.Compact(o.targets)
+	p, err := partition.Parse(partitions, cfg.Partitions)
+	if err != nil {
+		return o, &config.Error{Var: "--partitions", Value: partitions, Reason: err.Error()}
+	}
+	o.partitions = p
+	return o, nil
+}
+
+func (o runOptions) any(parts []string) bool {
+	return slices.ContainsFunc(o.targets, func(t string) bool { return slices.Contains(parts, t) })
+}
+
+// redact hides a password in a URL for messages.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	return u.Redacted()
+}
+
+// migrate applies the migrations of the databases asked for. Connection problems must surface
+// within 15 s with the variable named, so each database gets a bounded context.
+func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logger) error {
+	if pg {
+		c, cancel := context.WithTimeout(ctx, 12*time.Second)
+		err := migrations.MigratePostgres(c, cfg.PostgresURL, log)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+		}
+	}
+	if ch {
+		c, cancel := context.WithTimeout(ctx, 12*time.Second)
+		err := migrations.MigrateClickHouse(c, cfg.ClickHouseURL, log)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact(cfg.ClickHouseURL), err)
+		}
+	}
+	return nil
+}
+
+// deps is everything a part may be built from; each part takes what it needs.
+type deps struct {
+	cfg        config.Config
+	log        *slog.Logger
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	pg         *pgxpool.Pool
+	ch         driver.Conn
+	reg        prometheus.Registerer
+	ops        *ops.Server
+	partitions partition.Set
+}
+
+// runner is what every part is: it runs until ctx is done and then returns after a clean stop.
+type runner interface {
+	Run(ctx context.Context) error
+}
+
+// errNotBuilt marks a part whose code has not been written yet.
+var errNotBuilt = errors.New("not built yet")
+
+// buildPart wires one part by hand from deps.
+func buildPart(name string, d deps) (runner, error) {
+	switch name {
+	default:
+		return nil, errNotBuilt
+	}
+}
+
+func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Logger) error {
+	log.Info("starting", "version", versionString(), "targets", strings.Join(o.targets, ","),
+		"partitions", fmt.Sprint(o.partitions))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := ops.New(cfg.HTTPAddr, reg, log)
+	ln, err := srv.Listen()
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+
+	usePG, useCH := o.any(needsPostgres), o.any(needsClickHouse)
+	if err := migrate(ctx, cfg, usePG, useCH, log); err != nil {
+		return err
+	}
+	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions}
+
+	if usePG {
+		pool, err := pgxpool.New(ctx, cfg.PostgresURL)
+		if err != nil {
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+		}
+		defer pool.Close()
+		d.pg = pool
+		srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, pool) })
+	}
+	if useCH {
+		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
+		if err != nil {
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: cfg.ClickHouseURL, Reason: err.Error()}
+		}
+		conn, err := clickhouse.Open(opts)
+		if err != nil {
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact(cfg.ClickHouseURL), err)
+		}
+		defer conn.Close()
+		d.ch = conn
+		srv.AddCheck("clickhouse", func(ctx context.Context) error { return migrations.ClickHouseReady(ctx, conn) })
+	}
+	if o.any(needsAMQP) {
+		srv.AddCheck("rabbitmq", func(ctx context.Context) error { return amqpReachable(ctx, cfg.AMQPURL) })
+		if err := amqpReachable(ctx, cfg.AMQPURL); err != nil {
+			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact(cfg.AMQPURL), err)
+		}
+	}
+
+	natsURL := cfg.NATSURL
+	var embedded *server.Server
+	if natsURL == "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
+		}
+		embedded, err = natsx.Embedded(cfg.DataDir, -1, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			embedded.Shutdown()
+			embedded.WaitForShutdown()
+			log.Info("embedded NATS stopped")
+		}()
+		natsURL = embedded.ClientURL()
+	}
+	nc, err := natsx.Connect(natsURL, "locks", log)
+	if err != nil {
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", natsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, LostAfter: cfg.LostAfter})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("NATS JetStream at %s: %w", natsURL, err)
+	}
+	d.nc, d.js = nc, js
+	srv.AddCheck("nats", func(ctx context.Context) error {
+		if s := nc.Status(); s != nats.CONNECTED {
+			return fmt.Errorf("connection %s", s)
+		}
+		_, err := js.Stream(ctx, natsx.ReadingsStream)
+		return err
+	})
+
+	var parts []runner
+	var names []string
+	for _, t := range o.targets {
+		p, err := buildPart(t, d)
+		if errors.Is(err, errNotBuilt) {
+			log.Warn("part is not built yet; skipping it", "part", t)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", t, err)
+		}
+		parts, names = append(parts, p), append(names, t)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Serve(gctx, ln) })
+	for i, p := range parts {
+		g.Go(func() error {
+			if err := p.Run(gctx); err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("%s: %w", names[i], err)
+			}
+			return nil
+		})
+	}
+	log.Info("running", "parts", strings.Join(names, ","), "http", ln.Addr().String())
+
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+		return nil
+	case <-ctx.Done():
+	}
+	log.Info("stopping", "grace", shutdownGrace)
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+		log.Info("stopped cleanly")
+		return nil
+	case <-time.After(shutdownGrace):
+		return fmt.Errorf("parts did not stop within %s", shutdownGrace)
+	}
+}
+
+func amqpReachable(ctx context.Context, u string) error {
+	c, err := amqp.DialConfig(u, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var d net.Dialer
+		return d.DialContext(dctx, network, addr)
+	}})
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}

@@ -1,0 +1,258 @@
+// Package config holds the process configuration of CONTRACT.md section 4: environment
+// variables named LOCKS_*, each overridable by a kebab-case flag, validated before anything
+// starts so that a bad value is reported as one line naming the variable.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole process configuration. Parts take the fields they need.
+type Config struct {
+	AMQPURL             string
+	AMQPQueue           string
+	PostgresURL         string
+	ClickHouseURL       string
+	NATSURL             string
+	DataDir             string
+	HTTPAddr            string
+	GRPCAddr            string
+	APITokens           []string
+	LostAfter           time.Duration
+	RetrySchedule       []time.Duration
+	WebhookTimeout      time.Duration
+	WebhookAllowPrivate bool
+	Partitions          int
+	LogLevel            string
+}
+
+// DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
+// about a day, growing roughly geometrically (jitter is added by the notifier).
+var DefaultRetrySchedule = []time.Duration{
+	10 * time.Second, time.Minute, 5 * time.Minute, 15 * time.Minute, 30 * time.Minute,
+	time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour,
+}
+
+// Error names the variable whose value is wrong.
+type Error struct {
+	Var    string
+	Value  string
+	Reason string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s=%q: %s", e.Var, e.Value, e.Reason)
+}
+
+// ErrUsage marks a configuration problem; the binary exits with status 2 on it.
+var ErrUsage = errors.New("bad configuration")
+
+func (e *Error) Unwrap() error { return ErrUsage }
+
+// setting is one variable: its name, default, and how to parse it into the Config.
+type setting struct {
+	env   string
+	def   string
+	usage string
+	set   func(c *Config, v string) error
+}
+
+func settings() []setting {
+	str := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error { *dst(c) = v; return nil }
+	}
+	dur := func(dst func(*Config) *time.Duration) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return errors.New("not a duration (use e.g. 90s, 5m, 1h)")
+			}
+			if d <= 0 {
+				return errors.New("must be positive")
+			}
+			*dst(c) = d
+			return nil
+		}
+	}
+	urlOf := func(schemes ...string) func(dst func(*Config) *string) func(*Config, string) error {
+		return func(dst func(*Config) *string) func(*Config, string) error {
+			return func(c *Config, v string) error {
+				u, err := url.Parse(v)
+				if err != nil {
+					return fmt.Errorf("not a URL: %v", errors.Unwrap(err))
+				}
+				ok := false
+				for _, s := range schemes {
+					ok = ok || u.Scheme == s
+				}
+				if !ok || u.Host == "" {
+					return fmt.Errorf("must be a URL %s://host…", strings.Join(schemes, "|"))
+				}
+				*dst(c) = v
+				return nil
+			}
+		}
+	}
+	addr := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			if _, _, err := net.SplitHostPort(v); err != nil {
+				return errors.New("must be host:port")
+			}
+			*dst(c) = v
+			return nil
+		}
+	}
+	return []setting{
+		{"LOCKS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL", urlOf("amqp", "amqps")(func(c *Config) *string { return &c.AMQPURL })},
+		{"LOCKS_AMQP_QUEUE", "sensor.readings", "queue the sensors publish to", func(c *Config, v string) error {
+			if v == "" {
+				return errors.New("must not be empty")
+			}
+			c.AMQPQueue = v
+			return nil
+		}},
+		{"LOCKS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/locks?sslmode=disable", "Postgres URL", urlOf("postgres", "postgresql")(func(c *Config) *string { return &c.PostgresURL })},
+		{"LOCKS_CLICKHOUSE_URL", "clickhouse://127.0.0.1:9000/locks", "ClickHouse URL (native protocol)", urlOf("clickhouse", "tcp")(func(c *Config) *string { return &c.ClickHouseURL })},
+		{"LOCKS_NATS_URL", "", "NATS URL; empty runs an embedded server", func(c *Config, v string) error {
+			if v == "" {
+				c.NATSURL = ""
+				return nil
+			}
+			for _, part := range strings.Split(v, ",") {
+				u, err := url.Parse(strings.TrimSpace(part))
+				if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls") {
+					return errors.New("must be empty or nats://host:port[,nats://…]")
+				}
+			}
+			c.NATSURL = v
+			return nil
+		}},
+		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state", str(func(c *Config) *string { return &c.DataDir })},
+		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /metrics, /healthz, /readyz", addr(func(c *Config) *string { return &c.HTTPAddr })},
+		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},
+		{"LOCKS_API_TOKENS", "", "comma-separated bearer tokens", func(c *Config, v string) error {
+			c.APITokens = nil
+			for _, t := range strings.Split(v, ",") {
+				t = strings.TrimSpace(t)
+				if t == "" {
+					continue
+				}
+				if len(t) < 16 {
+					return errors.New("each token must have at least 16 characters")
+				}
+				c.APITokens = append(c.APITokens, t)
+			}
+			return nil
+		}},
+		{"LOCKS_LOST_AFTER", "1h", "silence after which a sensor is lost", dur(func(c *Config) *time.Duration { return &c.LostAfter })},
+		{"LOCKS_RETRY_SCHEDULE", "", "comma-separated delays between webhook attempts", func(c *Config, v string) error {
+			if v == "" {
+				c.RetrySchedule = append([]time.Duration(nil), DefaultRetrySchedule...)
+				return nil
+			}
+			var s []time.Duration
+			for _, p := range strings.Split(v, ",") {
+				d, err := time.ParseDuration(strings.TrimSpace(p))
+				if err != nil || d <= 0 {
+					return fmt.Errorf("%q is not a positive duration", p)
+				}
+				s = append(s, d)
+			}
+			c.RetrySchedule = s
+			return nil
+		}},
+		{"LOCKS_WEBHOOK_TIMEOUT", "10s", "one webhook attempt's timeout", dur(func(c *Config) *time.Duration { return &c.WebhookTimeout })},
+		{"LOCKS_WEBHOOK_ALLOW_PRIVATE", "false", "allow webhook URLs on loopback/private addresses", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
+			c.WebhookAllowPrivate = b
+			return nil
+		}},
+		{"LOCKS_PARTITIONS", "16", "partitions of the READINGS log (fixed once the stream exists)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1024 {
+				return errors.New("must be an integer from 1 to 1024")
+			}
+			c.Partitions = n
+			return nil
+		}},
+		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
+			switch strings.ToLower(v) {
+			case "debug", "info", "warn", "error":
+				c.LogLevel = strings.ToLower(v)
+				return nil
+			}
+			return errors.New("must be debug, info, warn or error")
+		}},
+	}
+}
+
+// FlagName is the kebab-case flag of a variable: LOCKS_AMQP_URL → amqp-url. The one
+// exception is LOCKS_PARTITIONS, whose flag is --partition-count because `locks run
+// --partitions` names the partitions one process owns.
+func FlagName(env string) string {
+	if env == "LOCKS_PARTITIONS" {
+		return "partition-count"
+	}
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "LOCKS_")), "_", "-")
+}
+
+// Register adds one string flag per variable to fs. Call Load after fs.Parse.
+func Register(fs *flag.FlagSet) map[string]*string {
+	vals := map[string]*string{}
+	for _, s := range settings() {
+		vals[s.env] = fs.String(FlagName(s.env), "", fmt.Sprintf("%s (env %s, default %q)", s.usage, s.env, s.def))
+	}
+	return vals
+}
+
+// Load builds the Config from defaults, then the environment (getenv), then flags that were
+// set on fs. The first bad value is returned as *Error.
+func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string) (Config, error) {
+	set := map[string]bool{}
+	if fs != nil {
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	}
+	var c Config
+	for _, s := range settings() {
+		name, v := s.env, s.def
+		if e, ok := lookup(getenv, s.env); ok {
+			v = e
+		}
+		if set[FlagName(s.env)] {
+			v, name = *flags[s.env], "--"+FlagName(s.env)
+		}
+		if err := s.set(&c, v); err != nil {
+			return Config{}, &Error{Var: name, Value: v, Reason: err.Error()}
+		}
+	}
+	return c, nil
+}
+
+func lookup(getenv func(string) string, k string) (string, bool) {
+	if getenv == nil {
+		v, ok := os.LookupEnv(k)
+		return v, ok
+	}
+	v := getenv(k)
+	return v, v != ""
+}
+
+// Default is the configuration with every default and nothing from the environment.
+func Default() Config {
+	c, err := Load(func(string) string { return "" }, nil, nil)
+	if err != nil {
+		panic(err) // the defaults are constants; a failure here is a programming error
+	}
+	return c
+}

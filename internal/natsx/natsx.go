@@ -1,0 +1,199 @@
+// Package natsx runs the embedded NATS server, connects to NATS, and declares the streams
+// and buckets every part relies on. Declaration is idempotent; a stream whose existing
+// configuration cannot be changed in place (its partition count, its subjects) makes the
+// process refuse to start instead of silently reshuffling sensors between partitions.
+package natsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the streams, subjects and bucket. Subjects carry the partition so that a
+// consumer per partition is a filter, and a sensor's messages stay in one partition.
+const (
+	ReadingsStream = "READINGS"
+	// ReadingsIn is where publishers append a sensor's message: readings.in.<sensor_id>.
+	// The stream stores it as readings.<partition>.<sensor_id>.
+	ReadingsIn     = "readings.in."
+	EventsStream   = "EVENTS"
+	LivenessBucket = "liveness"
+)
+
+// ReadingsSubject is the subject a publisher appends a sensor's message to.
+func ReadingsSubject(sensorID string) string { return ReadingsIn + sensorID }
+
+// ReadingsPartitionFilter is the stored subjects of one partition.
+func ReadingsPartitionFilter(p int) string { return "readings." + strconv.Itoa(p) + ".*" }
+
+// EventsSubject is where the event of a sensor in partition p is published.
+func EventsSubject(p int, sensorID string) string {
+	return "events." + strconv.Itoa(p) + "." + sensorID
+}
+
+// EventsPartitionFilter is the subjects of one partition of EVENTS.
+func EventsPartitionFilter(p int) string { return "events." + strconv.Itoa(p) + ".*" }
+
+// StreamsConfig is what Declare needs.
+type StreamsConfig struct {
+	Partitions int
+	// Duplicates is the window in which a repeated Nats-Msg-Id is recorded once.
+	Duplicates time.Duration
+	// Replicas is 1 for one server, 3 for a cluster.
+	Replicas int
+	// LostAfter is the liveness bucket's limit-marker TTL floor.
+	LostAfter time.Duration
+}
+
+// ErrIncompatible says an existing stream cannot be changed into the configured one.
+var ErrIncompatible = errors.New("existing stream is incompatible with the configuration")
+
+func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        ReadingsStream,
+		Description: "every sensor reading and liveness fact, partitioned by sensor",
+		Subjects:    []string{ReadingsIn + "*"},
+		SubjectTransform: &jetstream.SubjectTransformConfig{
+			Source:      ReadingsIn + "*",
+			Destination: fmt.Sprintf("readings.{{partition(%d,1)}}.{{wildcard(1)}}", c.Partitions),
+		},
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		Duplicates: c.Duplicates,
+		Replicas:   c.Replicas,
+	}
+}
+
+func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        EventsStream,
+		Description: "sensor events (state_changed, connection_lost, connection_restored)",
+		Subjects:    []string{"events.*.*"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  c.Duplicates,
+		Replicas:    c.Replicas,
+	}
+}
+
+// Declare creates or updates READINGS, EVENTS and the liveness bucket.
+func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
+	if c.Partitions < 1 {
+		return fmt.Errorf("partitions must be >= 1, got %d", c.Partitions)
+	}
+	if c.Replicas < 1 {
+		c.Replicas = 1
+	}
+	if c.Duplicates <= 0 {
+		c.Duplicates = 10 * time.Minute
+	}
+	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c)} {
+		if err := declareStream(ctx, js, want); err != nil {
+			return err
+		}
+	}
+	marker := c.LostAfter
+	if marker < time.Second {
+		marker = time.Second
+	}
+	_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:         LivenessBucket,
+		Description:    "one key per sensor, refreshed by each reading, expiring after lost_after",
+		History:        1,
+		Storage:        jetstream.FileStorage,
+		Replicas:       c.Replicas,
+		LimitMarkerTTL: marker,
+	})
+	if err != nil {
+		return fmt.Errorf("declare KV bucket %s: %w", LivenessBucket, err)
+	}
+	return nil
+}
+
+func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) error {
+	s, err := js.Stream(ctx, want.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if _, err := js.CreateStream(ctx, want); err != nil {
+			return fmt.Errorf("create stream %s: %w", want.Name, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up stream %s: %w", want.Name, err)
+	}
+	have := s.CachedInfo().Config
+	if (have.SubjectTransform == nil) != (want.SubjectTransform == nil) ||
+		(have.SubjectTransform != nil && *have.SubjectTransform != *want.SubjectTransform) {
+		return fmt.Errorf("%w: stream %s maps subjects %v, the configuration wants %v; "+
+			"changing the partition count would move sensors between partitions. Keep "+
+			"LOCKS_PARTITIONS as it was, or replay into a new stream", ErrIncompatible, want.Name,
+			transformString(have.SubjectTransform), transformString(want.SubjectTransform))
+	}
+	if _, err := js.UpdateStream(ctx, want); err != nil {
+		return fmt.Errorf("%w: update stream %s: %v", ErrIncompatible, want.Name, err)
+	}
+	return nil
+}
+
+func transformString(t *jetstream.SubjectTransformConfig) string {
+	if t == nil {
+		return "(none)"
+	}
+	return t.Source + " → " + t.Destination
+}
+
+// Embedded runs a NATS server with JetStream in this process, storing under dir.
+// port 0 picks the standard 4222; -1 picks a free port.
+func Embedded(dir string, port int, log *slog.Logger) (*server.Server, error) {
+	opts := &server.Options{
+		ServerName: "locks-embedded",
+		Host:       "127.0.0.1",
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(dir, "jetstream"),
+		NoSigs:     true,
+		NoLog:      true,
+		// Readings are small; a batch of publishes must not be cut by the default payload.
+		MaxPayload: 1 << 20,
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded NATS did not become ready within 30s (store %s)", opts.StoreDir)
+	}
+	log.Info("embedded NATS server running", "url", ns.ClientURL(), "store", opts.StoreDir)
+	return ns, nil
+}
+
+// Connect dials NATS with reconnects forever: parts ride out NATS restarts.
+func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectBufSize(64<<20),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrl()) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", url, err)
+	}
+	return nc, nil
+}

@@ -1,0 +1,79 @@
+package natsx_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// The stream decides the partition with its subject transform; partition.Of must agree
+// with it for every sensor, or EVENTS subjects and the watchdog would disagree with READINGS.
+func TestPartitionMatchesServer(t *testing.T) {
+	t.Parallel()
+	env := testenv.NATS(t)
+	ctx := t.Context()
+	const n = 16
+	if err := natsx.Declare(ctx, env.JS, natsx.StreamsConfig{Partitions: n, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"0xA", "TestSensor", "0123456789aBcDeF", "xa7v9Dfadr7H"}
+	for i := range 500 {
+		ids = append(ids, fmt.Sprintf("s%d", i))
+	}
+	for _, id := range ids {
+		if _, err := env.JS.Publish(ctx, natsx.ReadingsSubject(id), []byte(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := env.JS.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= uint64(len(ids)); seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := string(m.Data)
+		want := fmt.Sprintf("readings.%d.%s", partition.Of(id, n), id)
+		if m.Subject != want {
+			t.Fatalf("server stored %q as %s, partition.Of says %s", id, m.Subject, want)
+		}
+	}
+}
+
+func TestDeclareIdempotentAndRefusesRepartition(t *testing.T) {
+	t.Parallel()
+	env := testenv.NATS(t)
+	ctx := t.Context()
+	c := natsx.StreamsConfig{Partitions: 4, LostAfter: time.Hour}
+	for range 2 {
+		if err := natsx.Declare(ctx, env.JS, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Partitions = 8
+	err := natsx.Declare(ctx, env.JS, c)
+	if !errors.Is(err, natsx.ErrIncompatible) || !strings.Contains(err.Error(), "LOCKS_PARTITIONS") {
+		t.Fatalf("re-declaring with 8 partitions: %v, want ErrIncompatible naming LOCKS_PARTITIONS", err)
+	}
+	kv, err := env.JS.KeyValue(ctx, natsx.LivenessBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.SubjectDeleteMarkerTTL <= 0 {
+		t.Fatal("liveness bucket has no limit markers")
+	}
+}

@@ -1,0 +1,2 @@
+// Package notifier turns EVENTS into signed webhook deliveries with durable, growing retries.
+package notifier

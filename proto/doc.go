@@ -1,0 +1,2 @@
+// Package proto holds the .proto sources of the admin API and the Go generated from them.
+package proto
