@@ -103,3 +103,44 @@ func ID(sensorID string, revision int64) string {
 	h := sha256.Sum256([]byte(sensorID + "/" + strconv.FormatInt(revision, 10)))
 	return "evt_" + strings.ToLower(b32.EncodeToString(h[:])[:26])
 }
+
+// Outcomes of a webhook attempt.
+const (
+	OutcomeDelivered  = "delivered"  // a 2xx within the timeout
+	OutcomeRetry      = "retry"      // failed; another attempt is scheduled
+	OutcomeDead       = "dead"       // failed on the last attempt: dead-lettered
+	OutcomeCancelled  = "cancelled"  // client deleted or unsubscribed before this attempt
+	OutcomeSuperseded = "superseded" // a newer event of the sensor replaced this one
+)
+
+// Attempt is one DELIVERIES message: the record of one webhook attempt, published by the
+// notifier and written to ClickHouse by the history projector.
+type Attempt struct {
+	V          int       `json:"v"`
+	EventID    string    `json:"event_id"`
+	ClientID   string    `json:"client_id"`
+	SensorID   string    `json:"sensor_id"`
+	Attempt    int       `json:"attempt"`
+	Time       time.Time `json:"time"`
+	StatusCode int       `json:"status_code"`
+	LatencyMS  int64     `json:"latency_ms"`
+	Error      string    `json:"error,omitempty"`
+	Outcome    string    `json:"outcome"`
+}
+
+// AttemptMsgID is the Nats-Msg-Id of an attempt record, so a re-published record is stored once.
+func AttemptMsgID(a Attempt) string {
+	return a.EventID + "/" + a.ClientID + "/" + strconv.Itoa(a.Attempt) + "/" + a.Outcome
+}
+
+// DecodeAttempt parses a DELIVERIES message.
+func DecodeAttempt(b []byte) (Attempt, error) {
+	var a Attempt
+	if err := json.Unmarshal(b, &a); err != nil {
+		return a, fmt.Errorf("decode DELIVERIES message: %w", err)
+	}
+	if a.V != Version {
+		return a, fmt.Errorf("%w %d in DELIVERIES message", ErrVersion, a.V)
+	}
+	return a, nil
+}

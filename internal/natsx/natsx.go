@@ -27,7 +27,12 @@ const (
 	ReadingsIn     = "readings.in."
 	EventsStream   = "EVENTS"
 	LivenessBucket = "liveness"
+	// DeliveriesStream records every webhook attempt: deliveries.<client_id>.
+	DeliveriesStream = "DELIVERIES"
 )
+
+// DeliveriesSubject is where the notifier records an attempt for a client.
+func DeliveriesSubject(clientID string) string { return "deliveries." + clientID }
 
 // ReadingsSubject is the subject a publisher appends a sensor's message to.
 func ReadingsSubject(sensorID string) string { return ReadingsIn + sensorID }
@@ -46,7 +51,9 @@ func EventsPartitionFilter(p int) string { return "events." + strconv.Itoa(p) + 
 // StreamsConfig is what Declare needs.
 type StreamsConfig struct {
 	Partitions int
-	// Duplicates is the window in which a repeated Nats-Msg-Id is recorded once.
+	// Duplicates is the window in which a repeated Nats-Msg-Id is recorded once (default 2m:
+	// long enough for RabbitMQ redeliveries and relay retries, short enough that a sensor
+	// repeating the very same body without message_id or ts is not merged for long).
 	Duplicates time.Duration
 	// Replicas is 1 for one server, 3 for a cluster.
 	Replicas int
@@ -73,6 +80,19 @@ func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
 	}
 }
 
+func deliveriesConfig(c StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        DeliveriesStream,
+		Description: "every webhook attempt, for the history projector",
+		Subjects:    []string{"deliveries.*"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      7 * 24 * time.Hour,
+		Duplicates:  c.Duplicates,
+		Replicas:    c.Replicas,
+	}
+}
+
 func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        EventsStream,
@@ -94,9 +114,9 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 		c.Replicas = 1
 	}
 	if c.Duplicates <= 0 {
-		c.Duplicates = 10 * time.Minute
+		c.Duplicates = 2 * time.Minute
 	}
-	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c)} {
+	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c)} {
 		if err := declareStream(ctx, js, want); err != nil {
 			return err
 		}
