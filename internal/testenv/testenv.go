@@ -130,6 +130,23 @@ var (
 	pgErr      error
 )
 
+// PostgresAdminURL is the URL of the maintenance database of the test Postgres server.
+func PostgresAdminURL() string { return pgAdminURL() }
+
+// DropPostgresDatabase drops a database a test created by other means.
+func DropPostgresDatabase(t testing.TB, name string) {
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, pgAdminURL())
+	if err != nil {
+		t.Errorf("drop %s: %v", name, err)
+		return
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		t.Errorf("drop %s: %v", name, err)
+	}
+}
+
 func pgAdminURL() string {
 	return env("LOCKS_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
 }
@@ -267,6 +284,19 @@ func RabbitMQ(t testing.TB) *RabbitEnv {
 
 // ClickHouseAddr is the native-protocol address of the ClickHouse the tests use.
 func ClickHouseAddr() string { return env("LOCKS_TEST_CLICKHOUSE_ADDR", "127.0.0.1:9000") }
+
+// DropClickHouseDatabase drops a database a test created by other means.
+func DropClickHouseDatabase(t testing.TB, name string) {
+	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{ClickHouseAddr()}})
+	if err != nil {
+		t.Errorf("drop %s: %v", name, err)
+		return
+	}
+	defer conn.Close()
+	if err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+		t.Errorf("drop %s: %v", name, err)
+	}
+}
 
 // ClickHouse creates a migrated database for t (dropped at the end) and returns its
 // clickhouse:// URL and a native connection to it.

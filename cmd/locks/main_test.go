@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// The test binary doubles as the locks binary: with LOCKS_TEST_MAIN=1 it runs main, so the
+// tests can start real processes, signal them and read their exit codes.
+func TestMain(m *testing.M) {
+	if os.Getenv("LOCKS_TEST_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func locksCmd(t *testing.T, env []string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), "LOCKS_TEST_MAIN=1", "LOCKS_DATA_DIR="+t.TempDir()), env...)
+	return cmd
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func TestBadConfigurationExits2NamingTheVariable(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"LOCKS_LOST_AFTER=abc"}, []string{"run"}, "LOCKS_LOST_AFTER"},
+		{nil, []string{"run", "--lost-after=-1s"}, "--lost-after"},
+		{nil, []string{"run", "--targets=bridge,nope"}, "--targets"},
+		{nil, []string{"run", "--partitions=99"}, "--partitions"},
+		{[]string{"LOCKS_PARTITIONS=x"}, []string{"migrate"}, "LOCKS_PARTITIONS"},
+		{nil, []string{"frobnicate"}, "unknown command"},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(append(c.env, c.args...), " "), func(t *testing.T) {
+			t.Parallel()
+			var stderr bytes.Buffer
+			getenv := func(k string) string {
+				for _, e := range c.env {
+					if name, v, _ := strings.Cut(e, "="); name == k {
+						return v
+					}
+				}
+				return ""
+			}
+			code := run(c.args, getenv, &bytes.Buffer{}, &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), c.want) {
+				t.Fatalf("exit %d, stderr %q; want 2 and a line naming %s", code, stderr.String(), c.want)
+			}
+		})
+	}
+}
+
+func TestUnreachablePostgresFailsFastNamingTheVariable(t *testing.T) {
+	t.Parallel()
+	cmd := locksCmd(t, []string{"LOCKS_POSTGRES_URL=postgres://nobody@127.0.0.1:1/x", "LOCKS_HTTP_ADDR=" + freeAddr(t)}, "run")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("locks run exited 0 with an unreachable Postgres")
+		}
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("locks run did not exit within 15 s with an unreachable Postgres")
+	}
+	last := lastLine(stderr.String())
+	if !strings.Contains(last, "LOCKS_POSTGRES_URL") || !strings.Contains(last, "connection refused") {
+		t.Fatalf("last line %q should name LOCKS_POSTGRES_URL and the cause", last)
+	}
+	t.Logf("exited after %s: %s", time.Since(start).Round(time.Millisecond), last)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// The whole system starts against the real servers, becomes ready, and stops cleanly on SIGTERM.
+func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
+	t.Parallel()
+	pgURL := testenv.PostgresURL(t)
+	chDB := testenv.Name("locks_run")
+	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
+	http1, grpc1 := freeAddr(t), freeAddr(t)
+	rabbit := testenv.RabbitMQ(t)
+	cmd := locksCmd(t, []string{
+		"LOCKS_POSTGRES_URL=" + pgURL,
+		"LOCKS_CLICKHOUSE_URL=clickhouse://" + testenv.ClickHouseAddr() + "/" + chDB,
+		"LOCKS_AMQP_URL=" + rabbit.URL,
+		"LOCKS_AMQP_QUEUE=" + rabbit.Queue,
+		"LOCKS_HTTP_ADDR=" + http1,
+		"LOCKS_GRPC_ADDR=" + grpc1,
+		"LOCKS_API_TOKENS=test-token-0123456789",
+		"LOCKS_PARTITIONS=4",
+	}, "run", "--targets=all")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + http1 + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz not 200 within 60 s (last: %v %v); log:\n%s", resp, err, stderr.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, path := range []string{"/healthz", "/metrics"} {
+		resp, err := http.Get("http://" + http1 + path)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("locks run exited with %v after SIGTERM; log:\n%s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("locks run did not stop within 20 s of SIGTERM; log:\n%s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "stopped cleanly") {
+		t.Fatalf("no clean stop in the log:\n%s", stderr.String())
+	}
+	// Nothing of ours still listens.
+	if c, err := net.DialTimeout("tcp", http1, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("%s still accepts connections after exit", http1)
+	}
+}
