@@ -23,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/bridge"
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
@@ -132,6 +133,9 @@ var errNotBuilt = errors.New("not built yet")
 // buildPart wires one part by hand from deps.
 func buildPart(name string, d deps) (runner, error) {
 	switch name {
+	case "bridge":
+		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue},
+			bridge.Deps{JS: d.js, Log: d.log, Registerer: d.reg})
 	default:
 		return nil, errNotBuilt
 	}

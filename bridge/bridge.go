@@ -1,0 +1,537 @@
+package bridge
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+)
+
+// ErrorHeader names the reason of an invalid message in the invalid queue.
+const ErrorHeader = "x-lock-sensors-error"
+
+// CrashAfterPublish is the crash point between JetStream's ack of an append and the AMQP ack.
+const CrashAfterPublish = "bridge.after_publish"
+
+// Config is what the bridge is told; zero fields take the defaults.
+type Config struct {
+	AMQPURL string
+	// Queue is the readings queue (declared durable if missing).
+	Queue string
+	// InvalidQueue defaults to Queue + ".invalid".
+	InvalidQueue string
+	// Prefetch is the AMQP QoS: how many unacked messages RabbitMQ sends ahead (default 1000).
+	Prefetch int
+	// MaxInFlight bounds the appends awaiting JetStream's ack (default Prefetch).
+	MaxInFlight int
+	// ConnectionName is the AMQP connection_name client property (default "locks-bridge"),
+	// shown by `rabbitmqctl list_connections client_properties`.
+	ConnectionName string
+	// ReconnectMin and ReconnectMax bound the backoff between RabbitMQ sessions (250ms, 10s).
+	ReconnectMin, ReconnectMax time.Duration
+	// PublishTimeout is how long an append waits for JetStream's ack before it is retried
+	// (default 5s); a retry carries the same Nats-Msg-Id, so it is never recorded twice.
+	PublishTimeout time.Duration
+	// DrainTimeout bounds how long a stopping bridge waits for the appends in flight so
+	// that it can ack them (default 10s); what it cannot ack is redelivered and de-duplicated.
+	DrainTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.InvalidQueue == "" && c.Queue != "" {
+		c.InvalidQueue = c.Queue + ".invalid"
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = 1000
+	}
+	if c.MaxInFlight <= 0 || c.MaxInFlight > c.Prefetch {
+		c.MaxInFlight = c.Prefetch
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = "locks-bridge"
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 250 * time.Millisecond
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		c.ReconnectMax = max(10*time.Second, c.ReconnectMin)
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 5 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+}
+
+// Validate says what is wrong with a configuration (after defaults).
+func (c Config) Validate() error {
+	switch {
+	case c.AMQPURL == "":
+		return errors.New("bridge: AMQP URL is empty")
+	case c.Queue == "":
+		return errors.New("bridge: queue name is empty")
+	case c.InvalidQueue == c.Queue:
+		return errors.New("bridge: the invalid queue must differ from the readings queue")
+	}
+	return nil
+}
+
+// Deps are the bridge's collaborators; none may be nil.
+type Deps struct {
+	// JS is used for its NATS connection (which must reconnect by itself, as
+	// natsx.Connect's does); the bridge makes its own JetStream context on it with a bounded
+	// async publisher.
+	JS         jetstream.JetStream
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Bridge moves readings from RabbitMQ to READINGS.
+type Bridge struct {
+	cfg Config
+	js  jetstream.JetStream
+	log *slog.Logger
+	m   metrics
+}
+
+type metrics struct {
+	accepted   prometheus.Counter
+	invalid    *prometheus.CounterVec
+	duplicates prometheus.Counter
+	latency    prometheus.Histogram
+	inFlight   prometheus.Gauge
+	connects   prometheus.Counter
+	retries    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (metrics, error) {
+	m := metrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_readings_accepted_total",
+			Help: "Valid readings appended to READINGS (duplicates included) and acked.",
+		}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "locks_bridge_invalid_total",
+			Help: "Invalid messages moved to the invalid queue, by reason.",
+		}, []string{"reason"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_duplicates_total",
+			Help: "Appends JetStream recognised as already recorded (a redelivery or a retry).",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "locks_bridge_publish_seconds",
+			Help:    "Time from the async append to JetStream's ack.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "locks_bridge_in_flight",
+			Help: "Messages received and not yet acked to RabbitMQ.",
+		}),
+		connects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_amqp_connects_total",
+			Help: "Successful RabbitMQ sessions started (the first and every reconnect).",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_publish_retries_total",
+			Help: "Appends retried after a failed or timed-out JetStream publish.",
+		}),
+	}
+	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS} {
+		m.invalid.WithLabelValues(reason)
+	}
+	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.connects, m.retries} {
+		if err := reg.Register(c); err != nil {
+			return m, fmt.Errorf("bridge metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// New checks cfg and deps and builds a bridge; nothing is dialled until Run.
+func New(cfg Config, deps Deps) (*Bridge, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.JS == nil || deps.Log == nil || deps.Registerer == nil {
+		return nil, errors.New("bridge: JS, Log and Registerer are required")
+	}
+	js, err := jetstream.New(deps.JS.Conn(),
+		// Our own bound (MaxInFlight) is the one that matters; this one only must not bite first.
+		jetstream.WithPublishAsyncMaxPending(2*cfg.MaxInFlight),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("bridge: JetStream: %w", err)
+	}
+	m, err := newMetrics(deps.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Bridge{cfg: cfg, js: js, log: deps.Log.With("part", "bridge"), m: m}, nil
+}
+
+// Run consumes until ctx is done, reconnecting to RabbitMQ with backoff. It returns nil
+// after a clean stop.
+func (b *Bridge) Run(ctx context.Context) error {
+	backoff := b.cfg.ReconnectMin
+	for {
+		start := time.Now()
+		err := b.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > time.Minute {
+			backoff = b.cfg.ReconnectMin
+		}
+		b.log.Warn("RabbitMQ session ended; reconnecting", "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, b.cfg.ReconnectMax)
+	}
+}
+
+// item is one received message on its way to its AMQP ack, in delivery order.
+type item struct {
+	tag   uint64
+	start time.Time
+	// One of: a reading's append (msg, and future or pubErr), or an invalid message's confirm.
+	msg     *nats.Msg
+	future  jetstream.PubAckFuture
+	pubErr  error
+	confirm *amqp.DeferredConfirmation
+	reason  string
+}
+
+func (b *Bridge) session(ctx context.Context) error {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(b.cfg.ConnectionName)
+	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
+		Properties: props,
+		Heartbeat:  10 * time.Second,
+		Dial:       amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return fmt.Errorf("dial RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	for _, q := range []string{b.cfg.Queue, b.cfg.InvalidQueue} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare queue %s: %w", q, err)
+		}
+	}
+	pub, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open publishing channel: %w", err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		return fmt.Errorf("publisher confirms: %w", err)
+	}
+	returns := pub.NotifyReturn(make(chan amqp.Return, 64))
+	deliveries, err := ch.Consume(b.cfg.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
+	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	b.m.connects.Inc()
+	b.log.Info("connected to RabbitMQ", "queue", b.cfg.Queue, "prefetch", b.cfg.Prefetch,
+		"connection_name", b.cfg.ConnectionName)
+
+	// The drain context outlives ctx by DrainTimeout, so a stopping bridge still acks what
+	// JetStream has acknowledged instead of leaving it all to redelivery.
+	dctx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelDrain()
+	stopDrain := context.AfterFunc(ctx, func() { time.AfterFunc(b.cfg.DrainTimeout, cancelDrain) })
+	defer stopDrain()
+
+	pending := make(chan item, b.cfg.MaxInFlight)
+	var (
+		failOnce sync.Once
+		failErr  error
+	)
+	fail := func(err error) {
+		failOnce.Do(func() {
+			failErr = err
+			_ = conn.Close() // unacked messages go back to the queue
+		})
+	}
+	ackerDone := make(chan struct{})
+	go func() {
+		defer close(ackerDone)
+		b.acker(dctx, ch, pending, returns, fail)
+	}()
+
+	var readErr error
+read:
+	for {
+		select {
+		case <-ctx.Done():
+			break read
+		case e := <-closed:
+			readErr = fmt.Errorf("RabbitMQ connection closed: %w", e)
+			break read
+		case d, ok := <-deliveries:
+			if !ok {
+				readErr = errors.New("RabbitMQ channel closed")
+				break read
+			}
+			it := b.handle(ctx, pub, d)
+			b.m.inFlight.Inc()
+			pending <- it // bounded: blocks while MaxInFlight messages await their ack
+		}
+	}
+	close(pending)
+	<-ackerDone
+	if failErr != nil {
+		return failErr
+	}
+	return readErr
+}
+
+// handle starts the work on one delivery: an async append, or a confirmed publish to the
+// invalid queue. It never blocks on the result.
+func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery) item {
+	now := time.Now().UTC()
+	it := item{tag: d.DeliveryTag, start: now}
+	r, err := Decode(d.Body, now)
+	if err != nil {
+		var ie *InvalidError
+		reason, msg := ReasonNotJSON, err.Error()
+		if errors.As(err, &ie) {
+			reason = ie.Reason
+		}
+		it.reason = reason
+		headers := amqp.Table{}
+		for k, v := range d.Headers {
+			headers[k] = v
+		}
+		headers[ErrorHeader] = msg
+		it.confirm, it.pubErr = pub.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.InvalidQueue, true, false, amqp.Publishing{
+			Headers:       headers,
+			ContentType:   d.ContentType,
+			DeliveryMode:  amqp.Persistent,
+			CorrelationId: d.CorrelationId,
+			MessageId:     d.MessageId,
+			Timestamp:     d.Timestamp,
+			Type:          d.Type,
+			AppId:         d.AppId,
+			Body:          d.Body,
+		})
+		return it
+	}
+	id := MessageID(d)
+	body, err := json.Marshal(event.Log{
+		V: event.Version, Kind: event.KindReading, SensorID: r.SensorID, Data: r.Data,
+		Time: r.Time, ReceivedTime: r.ReceivedTime, MessageID: id,
+	})
+	if err != nil { // cannot happen for a decoded reading; never ack what was not appended
+		it.pubErr = fmt.Errorf("encode reading: %w", err)
+		return it
+	}
+	msg := &nats.Msg{Subject: natsx.ReadingsSubject(r.SensorID), Data: body, Header: nats.Header{}}
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	it.msg = msg
+	it.future, it.pubErr = b.js.PublishMsgAsync(msg)
+	return it
+}
+
+// acker resolves items in delivery order and acks RabbitMQ after each effect is durable,
+// several at a time with multiple=true. After fail it only drains.
+func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan item, returns <-chan amqp.Return, fail func(error)) {
+	var (
+		lastTag uint64
+		unacked int
+		failed  bool
+	)
+	batch := max(1, b.cfg.Prefetch/4)
+	flush := func() {
+		if unacked == 0 || failed {
+			return
+		}
+		if err := ch.Ack(lastTag, true); err != nil {
+			failed = true
+			fail(fmt.Errorf("ack: %w", err))
+			return
+		}
+		unacked = 0
+	}
+	for it := range pending {
+		b.m.inFlight.Dec()
+		if failed {
+			continue
+		}
+		if err := b.resolve(ctx, it, returns); err != nil {
+			flush() // what came before is done: ack it
+			failed = true
+			fail(err)
+			continue
+		}
+		lastTag = it.tag
+		unacked++
+		if unacked >= batch || len(pending) == 0 {
+			flush()
+		}
+	}
+	flush()
+}
+
+// resolve waits until the item's effect is durable.
+func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Return) error {
+	if it.reason != "" {
+		if it.pubErr != nil {
+			return fmt.Errorf("publish to %s: %w", b.cfg.InvalidQueue, it.pubErr)
+		}
+		select {
+		case <-it.confirm.Done():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !it.confirm.Acked() {
+			return fmt.Errorf("RabbitMQ did not confirm the publish to %s", b.cfg.InvalidQueue)
+		}
+		// RabbitMQ sends basic.return before the confirm, and amqp091-go hands it to this
+		// buffered channel before it reads the confirm: a returned (unroutable) message,
+		// e.g. the invalid queue deleted under us, is seen here, never acked as stored.
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				return errors.New("RabbitMQ channel closed")
+			}
+			return fmt.Errorf("publish to %s returned: %d %s", b.cfg.InvalidQueue, r.ReplyCode, r.ReplyText)
+		default:
+		}
+		b.m.invalid.WithLabelValues(it.reason).Inc()
+		return nil
+	}
+	if it.msg == nil {
+		return it.pubErr
+	}
+	var ack *jetstream.PubAck
+	err := it.pubErr
+	if err == nil {
+		select {
+		case ack = <-it.future.Ok():
+		case err = <-it.future.Err():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err != nil {
+		ack, err = b.republish(ctx, it.msg, err)
+		if err != nil {
+			return err
+		}
+	}
+	b.m.latency.Observe(time.Since(it.start).Seconds())
+	if ack.Duplicate {
+		b.m.duplicates.Inc()
+	}
+	crashpoint.Hit(CrashAfterPublish)
+	b.m.accepted.Inc()
+	return nil
+}
+
+// republish retries a failed append with the same Nats-Msg-Id until JetStream acks it or
+// ctx ends. A retry may land after later messages of the pipeline: a NATS failure can
+// reorder a sensor's readings within the in-flight window (their times still say the order).
+func (b *Bridge) republish(ctx context.Context, msg *nats.Msg, first error) (*jetstream.PubAck, error) {
+	wait := 100 * time.Millisecond
+	err := first
+	for attempt := 1; ; attempt++ {
+		b.m.retries.Inc()
+		if attempt == 1 || attempt%20 == 0 {
+			b.log.Warn("append to READINGS failed; retrying", "subject", msg.Subject, "attempt", attempt, "err", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+		var ack *jetstream.PubAck
+		ack, err = b.js.PublishMsg(pctx, msg)
+		cancel()
+		if err == nil {
+			return ack, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("append to READINGS: %w (gave up: %w)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// brokerHeaders are added by RabbitMQ itself on redelivery or dead-lettering; they must not
+// make a redelivered message look new.
+func brokerHeader(k string) bool {
+	return k == "x-delivery-count" || k == "x-death" || strings.HasPrefix(k, "x-first-death-") ||
+		strings.HasPrefix(k, "x-last-death-")
+}
+
+// MessageID is the Nats-Msg-Id of a delivery: its message_id when it has one, otherwise a
+// digest of the body and of the properties a sender sets (timestamp, headers, correlation
+// id, type, app id), so a redelivery gets the same id and two sends of the same body at
+// different timestamps get different ones.
+func MessageID(d amqp.Delivery) string {
+	if d.MessageId != "" {
+		return d.MessageId
+	}
+	h := sha256.New()
+	field := func(s string) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	field(string(d.Body))
+	if !d.Timestamp.IsZero() {
+		field(d.Timestamp.UTC().Format(time.RFC3339Nano))
+	} else {
+		field("")
+	}
+	field(d.CorrelationId)
+	field(d.Type)
+	field(d.AppId)
+	keys := make([]string, 0, len(d.Headers))
+	for k := range d.Headers {
+		if !brokerHeader(k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		field(k)
+		writeValue(h, d.Headers[k])
+	}
+	return "sha256:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:18])
+}
+
+func writeValue(h hash.Hash, v any) {
+	// %T and %v are deterministic for every AMQP table type (maps print sorted).
+	fmt.Fprintf(h, "%d:%T=%v;", len(fmt.Sprint(v)), v, v)
+}

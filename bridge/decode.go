@@ -1,0 +1,215 @@
+package bridge
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// MaxBodySize is the largest body a reading may have (CONTRACT.md section 1).
+const MaxBodySize = 4 << 10
+
+// ErrInvalid is matched (errors.Is) by every error Decode returns: the message is bad and
+// will never become good by retrying, so it belongs in the invalid queue.
+var ErrInvalid = errors.New("invalid reading")
+
+// Reasons of an invalid message, as counted in the invalid metric.
+const (
+	ReasonTooBig   = "too_big"
+	ReasonNotJSON  = "not_json"
+	ReasonSensorID = "sensor_id"
+	ReasonData     = "data"
+	ReasonTS       = "ts"
+)
+
+// InvalidError says why a message is not a reading. Its Error() is what goes into the
+// x-lock-sensors-error header: the field first, then what it must be.
+type InvalidError struct {
+	// Reason is one of the Reason constants.
+	Reason string
+	// Msg is the human-readable explanation, naming the field.
+	Msg string
+}
+
+func (e *InvalidError) Error() string { return e.Msg }
+
+// Is makes errors.Is(err, ErrInvalid) hold.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(reason, msg string) error { return &InvalidError{Reason: reason, Msg: msg} }
+
+// Reading is a valid sensor reading.
+type Reading struct {
+	SensorID string
+	Data     uint8
+	// Time is the sensor's ts, in UTC, or ReceivedTime when the sensor sent none.
+	Time time.Time
+	// HasTS says the sensor sent a ts.
+	HasTS bool
+	// ReceivedTime is the server time at which the bridge received the message.
+	ReceivedTime time.Time
+}
+
+type rawReading struct {
+	SensorID json.RawMessage `json:"sensor_id"`
+	Data     json.RawMessage `json:"data"`
+	TS       json.RawMessage `json:"ts"`
+}
+
+// Decode validates a message body per CONTRACT.md section 1.
+//
+// Decisions where the contract is silent:
+//   - data is the JSON number zero or one in any JSON spelling (0, 1, 1.0, 1e0, 10e-1, -0);
+//     strings ("1"), booleans, null and any other value are invalid. The value is compared
+//     exactly, so 0.99999999999999999999 is not 1.
+//   - ts: null is the same as absent. A ts must be RFC 3339 (with or without fraction) and,
+//     once in UTC, within years 0000–9999.
+//   - sensor_id is the decoded JSON string, so "\u0041" is "A".
+//   - Duplicate keys: the last one wins, as in encoding/json.
+func Decode(body []byte, receivedAt time.Time) (Reading, error) {
+	if len(body) > MaxBodySize {
+		return Reading{}, invalid(ReasonTooBig, "body: larger than 4 KiB")
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return Reading{}, invalid(ReasonNotJSON, "body: must be a JSON object")
+	}
+	var raw rawReading
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return Reading{}, invalid(ReasonNotJSON, "body: must be a JSON object: "+err.Error())
+	}
+	r := Reading{ReceivedTime: receivedAt}
+
+	if raw.SensorID == nil {
+		return Reading{}, invalid(ReasonSensorID, "sensor_id: missing; must be 1-16 ASCII letters or digits")
+	}
+	var id string
+	if err := json.Unmarshal(raw.SensorID, &id); err != nil || !ValidSensorID(id) {
+		return Reading{}, invalid(ReasonSensorID, "sensor_id: must be 1-16 ASCII letters or digits")
+	}
+	r.SensorID = id
+
+	if raw.Data == nil {
+		return Reading{}, invalid(ReasonData, "data: missing; must be the JSON number 0 or 1")
+	}
+	d, ok := zeroOrOne(raw.Data)
+	if !ok {
+		return Reading{}, invalid(ReasonData, "data: must be the JSON number 0 or 1")
+	}
+	r.Data = d
+
+	r.Time = receivedAt
+	if raw.TS != nil && string(raw.TS) != "null" {
+		var s string
+		if err := json.Unmarshal(raw.TS, &s); err != nil {
+			return Reading{}, invalid(ReasonTS, "ts: must be an RFC 3339 time string")
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return Reading{}, invalid(ReasonTS, "ts: must be an RFC 3339 time string")
+		}
+		t = t.UTC()
+		if t.Year() < 0 || t.Year() > 9999 {
+			return Reading{}, invalid(ReasonTS, "ts: out of range (years 0000-9999 in UTC)")
+		}
+		r.Time, r.HasTS = t, true
+	}
+	return r, nil
+}
+
+// ValidSensorID says whether id is 1 to 16 ASCII letters and digits.
+func ValidSensorID(id string) bool {
+	if len(id) < 1 || len(id) > 16 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// zeroOrOne reads a JSON token that must be a number whose exact value is 0 or 1. It parses
+// the decimal by hand rather than with strconv or math/big: a float rounds
+// (0.99999999999999999999 would be 1) and big.Rat would expand 1e999999999.
+func zeroOrOne(tok []byte) (uint8, bool) {
+	s := tok
+	i := 0
+	neg := false
+	if i < len(s) && s[i] == '-' {
+		neg = true
+		i++
+	}
+	// Integer part: 0 or [1-9][0-9]*.
+	start := i
+	if i < len(s) && s[i] == '0' {
+		i++
+	} else {
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+	}
+	if i == start {
+		return 0, false
+	}
+	intDigits := s[start:i]
+	var frac []byte
+	if i < len(s) && s[i] == '.' {
+		i++
+		fs := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		if i == fs {
+			return 0, false
+		}
+		frac = s[fs:i]
+	}
+	exp := 0
+	expBig := false
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		eneg := false
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			eneg = s[i] == '-'
+			i++
+		}
+		es := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			if exp < 1_000_000 {
+				exp = exp*10 + int(s[i]-'0')
+			} else {
+				expBig = true
+			}
+			i++
+		}
+		if i == es {
+			return 0, false
+		}
+		if eneg {
+			exp = -exp
+		}
+	}
+	if i != len(s) {
+		return 0, false // not a JSON number (a string, true, null, an object, …)
+	}
+	// value = digits × 10^(exp - len(frac)), digits = intDigits ++ frac.
+	digits := append(append([]byte{}, intDigits...), frac...)
+	digits = bytes.TrimLeft(digits, "0")
+	if len(digits) == 0 {
+		return 0, true // zero, whatever the sign and exponent
+	}
+	if neg || expBig {
+		return 0, false
+	}
+	e := exp - len(frac)
+	trimmed := bytes.TrimRight(digits, "0")
+	e += len(digits) - len(trimmed)
+	if string(trimmed) == "1" && e == 0 {
+		return 1, true
+	}
+	return 0, false
+}
