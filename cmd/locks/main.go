@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/loadgen"
 )
 
 // version is set with -ldflags "-X main.version=…"; otherwise the module version is used.
@@ -36,6 +37,7 @@ const usage = `locks: watches door-lock sensors (see README.md)
 usage:
   locks run [--targets=all|bridge,state,history,notifier,watchdog,api] [--partitions=all|0-7|i/k] [flags]
   locks migrate [flags]
+  locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F] [flags]
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
@@ -52,7 +54,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "locks", versionString())
 		return 0
-	case "run", "migrate":
+	case "run", "migrate", "loadgen":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -65,6 +67,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs.SetOutput(stderr)
 	vals := config.Register(fs)
 	var targets, partitions string
+	var lg *loadgen.Config
+	if cmd == "loadgen" {
+		lg = loadgenFlags(fs)
+	}
 	if cmd == "run" {
 		fs.StringVar(&targets, "targets", "all", "parts to run: all, or a comma list of "+allTargetsList())
 		fs.StringVar(&partitions, "partitions", "all", "partitions this process owns: all, 0-7, 0,2,4, or i/k (the i-th of k shares)")
@@ -92,6 +98,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	switch cmd {
 	case "migrate":
 		err = migrate(ctx, cfg, true, true, log)
+	case "loadgen":
+		err = runLoadgen(ctx, cfg, lg, stdout, log)
 	case "run":
 		var opts runOptions
 		if opts, err = parseRunOptions(targets, partitions, cfg); err != nil {

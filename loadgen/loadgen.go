@@ -1,0 +1,224 @@
+// Package loadgen simulates a fleet of door-lock sensors publishing readings to RabbitMQ
+// at a fixed rate, the way real sensors would (persistent messages with a message_id, under
+// publisher confirms), and keeps the books a run is checked against: how many readings were
+// published, how many were deliberately invalid, and how many state changes each sensor made.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Config is one load run.
+type Config struct {
+	AMQPURL string
+	Queue   string
+	// Sensors in the fleet; readings go round-robin over the sensors that are not silent.
+	Sensors int
+	// Rate is readings per second over the whole fleet.
+	Rate float64
+	// ChangeRatio is the chance that a reading differs from the sensor's previous one.
+	ChangeRatio float64
+	// SilentRatio of the sensors send one reading at the start and then nothing.
+	SilentRatio float64
+	// InvalidRatio of the messages are invalid (they must end in the invalid queue).
+	InvalidRatio float64
+	Duration     time.Duration
+	// Count, when > 0, stops after that many messages instead of after Duration.
+	Count int64
+	// Prefix names the sensors: <Prefix><n>. Letters and digits only.
+	Prefix string
+	Seed   uint64
+}
+
+// Validate says what is wrong with c, naming the flag.
+func (c *Config) Validate() error {
+	switch {
+	case c.Sensors < 1:
+		return errors.New("--sensors must be at least 1")
+	case c.Rate <= 0:
+		return errors.New("--rate must be positive")
+	case c.ChangeRatio < 0 || c.ChangeRatio > 1:
+		return errors.New("--change-ratio must be within 0..1")
+	case c.SilentRatio < 0 || c.SilentRatio >= 1:
+		return errors.New("--silent-ratio must be within 0..1 (exclusive of 1)")
+	case c.InvalidRatio < 0 || c.InvalidRatio >= 1:
+		return errors.New("--invalid-ratio must be within 0..1 (exclusive of 1)")
+	case c.Duration <= 0 && c.Count <= 0:
+		return errors.New("--duration must be positive")
+	case len(c.Prefix)+len(strconv.Itoa(c.Sensors)) > 16:
+		return errors.New("--prefix is too long: sensor ids have at most 16 characters")
+	}
+	return nil
+}
+
+// Books are what a run published, to be balanced against what the system recorded.
+type Books struct {
+	Published int64 // every message confirmed by RabbitMQ, valid or not
+	Invalid   int64 // of which deliberately invalid
+	// Changes is the number of state_changed events the system must emit: each sensor's
+	// first reading plus every reading that differs from the previous one.
+	Changes int64
+	// Last is each sensor's last published data; Silent lists the sensors that went silent.
+	Last   map[string]uint8
+	Silent []string
+	// Start and End bound the publishing.
+	Start, End time.Time
+}
+
+// SensorID is the id of sensor n of the fleet.
+func SensorID(prefix string, n int) string { return prefix + strconv.Itoa(n) }
+
+// Run publishes until the duration (or count) is reached or ctx is done. Progress, if not nil,
+// gets a line a second.
+func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (Books, error) {
+	if c.Prefix == "" {
+		c.Prefix = "lg"
+	}
+	if err := c.Validate(); err != nil {
+		return Books{}, err
+	}
+	conn, err := amqp.DialConfig(c.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "locks-loadgen"}})
+	if err != nil {
+		return Books{}, fmt.Errorf("loadgen: RabbitMQ %s: %w", c.AMQPURL, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return Books{}, err
+	}
+	if _, err := ch.QueueDeclare(c.Queue, true, false, false, false, nil); err != nil {
+		return Books{}, fmt.Errorf("loadgen: declare %s: %w", c.Queue, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return Books{}, err
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
+	silent := int(float64(c.Sensors) * c.SilentRatio)
+	b := Books{Last: make(map[string]uint8, c.Sensors), Start: time.Now()}
+	for n := range silent {
+		b.Silent = append(b.Silent, SensorID(c.Prefix, n))
+	}
+
+	var published atomic.Int64
+	stopProgress := make(chan struct{})
+	defer close(stopProgress)
+	if progress != nil {
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			last, lastT := int64(0), time.Now()
+			for {
+				select {
+				case <-stopProgress:
+					return
+				case now := <-t.C:
+					p := published.Load()
+					fmt.Fprintf(progress, "\rloadgen: %d published, %.0f/s, %s elapsed   ",
+						p, float64(p-last)/now.Sub(lastT).Seconds(), now.Sub(b.Start).Round(time.Second))
+					last, lastT = p, now
+				}
+			}
+		}()
+	}
+
+	const window = 1000
+	pending := make([]*amqp.DeferredConfirmation, 0, window)
+	flush := func() error {
+		for _, p := range pending {
+			ok, err := p.WaitContext(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errors.New("loadgen: RabbitMQ refused a message (nack)")
+			}
+		}
+		published.Add(int64(len(pending)))
+		pending = pending[:0]
+		return nil
+	}
+	interval := time.Duration(float64(time.Second) / c.Rate)
+	next := time.Now()
+	var i, valid int64
+	deadline := b.Start.Add(c.Duration)
+	// Silent sensors report once, first; the rest go round-robin.
+	order := func(i int64) int {
+		if i < int64(silent) {
+			return int(i)
+		}
+		active := c.Sensors - silent
+		return silent + int((i-int64(silent))%int64(active))
+	}
+	for {
+		if c.Count > 0 && i >= c.Count || c.Count <= 0 && !time.Now().Before(deadline) {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			break
+		}
+		if d := time.Until(next); d > 0 {
+			if len(pending) > 0 && d > time.Millisecond {
+				if err := flush(); err != nil {
+					return b, err
+				}
+			}
+			time.Sleep(time.Until(next))
+		}
+		next = next.Add(interval)
+		now := time.Now().UTC()
+		var body []byte
+		if rng.Float64() < c.InvalidRatio {
+			body = fmt.Appendf(nil, `{"sensor_id":"bad sensor %d","data":1}`, i)
+			b.Invalid++
+		} else {
+			id := SensorID(c.Prefix, order(valid))
+			valid++
+			prev, seen := b.Last[id]
+			d := prev
+			if !seen {
+				d = uint8(rng.IntN(2))
+				b.Changes++
+			} else if rng.Float64() < c.ChangeRatio {
+				d = 1 - prev
+				b.Changes++
+			}
+			b.Last[id] = d
+			body = fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", c.Queue, false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: now,
+			MessageId: fmt.Sprintf("lg-%d-%d", c.Seed, i), Body: body,
+		})
+		if err != nil {
+			return b, fmt.Errorf("loadgen: publish: %w", err)
+		}
+		pending = append(pending, dc)
+		if len(pending) == window {
+			if err := flush(); err != nil {
+				return b, err
+			}
+		}
+		i++
+	}
+	if err := flush(); err != nil {
+		return b, err
+	}
+	b.Published = published.Load()
+	b.End = time.Now()
+	if progress != nil {
+		fmt.Fprintln(progress)
+	}
+	log.Info("loadgen finished", "published", b.Published, "invalid", b.Invalid, "changes", b.Changes,
+		"rate", fmt.Sprintf("%.0f/s", float64(b.Published)/b.End.Sub(b.Start).Seconds()))
+	return b, nil
+}

@@ -1,0 +1,72 @@
+package loadgen_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	"github.com/lock-sensors/lock-sensors/loadgen"
+)
+
+// The books match what is in the queue: every message counted once, the invalid ones
+// invalid, and the last data of each sensor is what it last published.
+func TestBooksMatchTheQueue(t *testing.T) {
+	t.Parallel()
+	r := testenv.RabbitMQ(t)
+	books, err := loadgen.Run(t.Context(), loadgen.Config{
+		AMQPURL: r.URL, Queue: r.Queue, Sensors: 50, Rate: 5000, ChangeRatio: 0.3,
+		SilentRatio: 0.1, InvalidRatio: 0.1, Count: 2000, Seed: 7,
+	}, nil, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if books.Published != 2000 || len(books.Silent) != 5 {
+		t.Fatalf("published %d, silent %d; want 2000 and 5", books.Published, len(books.Silent))
+	}
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]uint8{}
+	var invalid, n int64
+	silentSeen := map[string]int{}
+	deadline := time.Now().Add(30 * time.Second)
+	for n < books.Published && time.Now().Before(deadline) {
+		m, ok, err := ch.Get(r.Queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			continue
+		}
+		n++
+		var v struct {
+			SensorID string `json:"sensor_id"`
+			Data     uint8  `json:"data"`
+			TS       string `json:"ts"`
+		}
+		if err := json.Unmarshal(m.Body, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.TS == "" {
+			invalid++
+			continue
+		}
+		last[v.SensorID] = v.Data
+		silentSeen[v.SensorID]++
+	}
+	if n != books.Published || invalid != books.Invalid {
+		t.Fatalf("queue held %d messages (%d invalid); books say %d (%d invalid)", n, invalid, books.Published, books.Invalid)
+	}
+	for id, d := range books.Last {
+		if last[id] != d {
+			t.Fatalf("sensor %s: last data %d in the queue, %d in the books", id, last[id], d)
+		}
+	}
+	for _, id := range books.Silent {
+		if silentSeen[id] != 1 {
+			t.Fatalf("silent sensor %s sent %d readings, want 1", id, silentSeen[id])
+		}
+	}
+}
