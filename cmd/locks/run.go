@@ -29,6 +29,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/migrations"
+	"github.com/lock-sensors/lock-sensors/projector"
 )
 
 // allTargets are the parts `locks run` knows, in start order.
@@ -136,6 +137,9 @@ func buildPart(name string, d deps) (runner, error) {
 	case "bridge":
 		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue},
 			bridge.Deps{JS: d.js, Log: d.log, Registerer: d.reg})
+	case "state":
+		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
+			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
 	default:
 		return nil, errNotBuilt
 	}
