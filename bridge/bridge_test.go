@@ -1,0 +1,272 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+)
+
+var base = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+// reading i: sensor s<i mod sensors>, data i mod 2, ts base + i ms; every other one carries a
+// message_id, the rest rely on the digest.
+func reading(i, sensors int) amqp.Publishing {
+	p := amqp.Publishing{
+		ContentType: "application/json",
+		Body: fmt.Appendf(nil, `{"sensor_id":"s%d","data":%d,"ts":%q}`, i%sensors, i%2,
+			base.Add(time.Duration(i)*time.Millisecond).Format(time.RFC3339Nano)),
+	}
+	if i%2 == 0 {
+		p.MessageId = fmt.Sprintf("m-%d", i)
+	}
+	return p
+}
+
+// checkExactlyOnce asserts READINGS holds exactly the readings want (indexes into reading()).
+func checkExactlyOnce(t *testing.T, e *env, want []int, sensors int) {
+	t.Helper()
+	logs, subjects := e.readings(t)
+	if len(logs) != len(want) {
+		t.Fatalf("READINGS holds %d messages, want %d", len(logs), len(want))
+	}
+	seen := map[int]bool{}
+	for k, l := range logs {
+		i := int(l.Time.Sub(base) / time.Millisecond)
+		if seen[i] {
+			t.Fatalf("reading %d recorded twice", i)
+		}
+		seen[i] = true
+		if l.SensorID != fmt.Sprintf("s%d", i%sensors) || int(l.Data) != i%2 || l.Kind != "reading" || l.V != 1 {
+			t.Fatalf("reading %d recorded as %+v", i, l)
+		}
+		if !strings.HasSuffix(subjects[k], "."+l.SensorID) || !strings.HasPrefix(subjects[k], "readings.") {
+			t.Fatalf("reading %d stored under subject %s", i, subjects[k])
+		}
+		if i%2 == 0 && l.MessageID != fmt.Sprintf("m-%d", i) || i%2 == 1 && !strings.HasPrefix(l.MessageID, "sha256:") {
+			t.Fatalf("reading %d has message id %q", i, l.MessageID)
+		}
+		if l.ReceivedTime.IsZero() || time.Since(l.ReceivedTime) > 10*time.Minute {
+			t.Fatalf("reading %d has received time %v", i, l.ReceivedTime)
+		}
+	}
+	for _, i := range want {
+		if !seen[i] {
+			t.Fatalf("reading %d is missing", i)
+		}
+	}
+}
+
+func TestBridgeOneInvalidInTen(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	invalid := []struct {
+		body, header, reason string
+	}{
+		{`{"sensor_id":"s1","data":2}`, "data: must be the JSON number 0 or 1", ReasonData},
+		{`{"sensor_id":"s1","data":"1"}`, "data: must be the JSON number 0 or 1", ReasonData},
+		{`{"sensor_id":"0123456789aBcDeFx","data":1}`, "sensor_id: must be 1-16 ASCII letters or digits", ReasonSensorID},
+		{`{"sensor_id":"s1","data":1,"ts":"noon"}`, "ts: must be an RFC 3339 time string", ReasonTS},
+		{`not json`, "body: must be a JSON object", ReasonNotJSON},
+		{`{"sensor_id":"s1","data":1,"pad":"` + strings.Repeat("x", MaxBodySize) + `"}`, "body: larger than 4 KiB", ReasonTooBig},
+	}
+	const n, sensors = 1000, 37
+	var msgs []amqp.Publishing
+	var want []int
+	wantHeader := map[string]string{} // invalid body → header
+	wantReasons := map[string]float64{}
+	for i := range n {
+		if i%10 == 9 {
+			bad := invalid[(i/10)%len(invalid)]
+			body := bad.body + strings.Repeat(" ", i/10) // distinct bodies
+			if bad.reason == ReasonNotJSON {
+				body = fmt.Sprintf("not json %d", i)
+			}
+			msgs = append(msgs, amqp.Publishing{Body: []byte(body), Headers: amqp.Table{"sender": "test"}})
+			wantHeader[body] = bad.header
+			wantReasons[bad.reason]++
+			continue
+		}
+		msgs = append(msgs, reading(i, sensors))
+		want = append(want, i)
+	}
+	e.publish(t, msgs)
+	stop := e.start(t, Config{Prefetch: 50})
+	eventually(t, time.Minute, "all messages handled", func() bool {
+		return e.streamMsgs(t) == uint64(len(want)) && e.queueReady(t, e.queue+".invalid") == n/10
+	})
+	e.quiesce(t)
+	stop()
+	if got := e.queueReady(t, e.queue); got != 0 {
+		t.Fatalf("%d messages left in %s after the bridge stopped: not all were acked", got, e.queue)
+	}
+	checkExactlyOnce(t, e, want, sensors)
+
+	for range n / 10 {
+		d, ok, err := e.ch.Get(e.queue+".invalid", true)
+		if err != nil || !ok {
+			t.Fatalf("get from invalid queue: %v %v", ok, err)
+		}
+		h, ok := wantHeader[string(d.Body)]
+		if !ok {
+			t.Fatalf("unexpected body in invalid queue: %.80q", d.Body)
+		}
+		delete(wantHeader, string(d.Body))
+		if got := d.Headers[ErrorHeader]; got != h {
+			t.Fatalf("%s = %q, want %q (body %.60q)", ErrorHeader, got, h, d.Body)
+		}
+		if d.Headers["sender"] != "test" || d.DeliveryMode != amqp.Persistent {
+			t.Fatalf("original headers or persistence lost: %v mode %d", d.Headers, d.DeliveryMode)
+		}
+	}
+	if len(wantHeader) != 0 {
+		t.Fatalf("%d invalid messages missing from the invalid queue", len(wantHeader))
+	}
+	if got := metricValue(e.bridge.m.accepted); got != float64(len(want)) {
+		t.Fatalf("accepted metric %v, want %d", got, len(want))
+	}
+	for r, c := range wantReasons {
+		if got := metricValue(e.bridge.m.invalid.WithLabelValues(r)); got != c {
+			t.Fatalf("invalid{reason=%s} = %v, want %v", r, got, c)
+		}
+	}
+}
+
+// TestBridgeRedeliveryAfterCrash kills a bridge between JetStream's ack and the AMQP ack;
+// RabbitMQ redelivers what was not acked, and a second bridge records none of it twice.
+func TestBridgeRedeliveryAfterCrash(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	const n, sensors, crashAt = 600, 11, 250
+	var msgs []amqp.Publishing
+	var want []int
+	for i := range n {
+		msgs = append(msgs, reading(i, sensors))
+		want = append(want, i)
+	}
+	e.publish(t, msgs)
+
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", childNATSEnv+"="+e.nats.URL, childAMQPEnv+"="+e.amqp,
+		childQueueEnv+"="+e.queue, fmt.Sprintf("%s=%s:%d", crashpoint.Env, CrashAfterPublish, crashAt))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
+		t.Fatalf("child bridge: %v, want exit %d\n%s", err, crashpoint.ExitCode, out)
+	}
+	afterCrash := e.streamMsgs(t)
+	if afterCrash < crashAt {
+		t.Fatalf("READINGS holds %d after the crash, want at least %d", afterCrash, crashAt)
+	}
+	t.Logf("READINGS holds %d of %d after the crash", afterCrash, n)
+
+	stop := e.start(t, Config{Prefetch: 100})
+	eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= n })
+	e.quiesce(t)
+	stop()
+	if got := e.queueReady(t, e.queue); got != 0 {
+		t.Fatalf("%d messages left in the queue", got)
+	}
+	checkExactlyOnce(t, e, want, sensors)
+	// The message the child died on (and those it had not acked) came back and were
+	// recognised as recorded.
+	if d := metricValue(e.bridge.m.duplicates); d < 1 {
+		t.Fatalf("duplicates metric %v: the redelivered messages were not seen as duplicates", d)
+	}
+	t.Logf("duplicates recognised after the crash: %v", metricValue(e.bridge.m.duplicates))
+}
+
+// TestBridgeNATSRestart restarts NATS in the middle of 20,000 readings.
+func TestBridgeNATSRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	const n, sensors = 20000, 1000
+	var msgs []amqp.Publishing
+	var want []int
+	for i := range n {
+		msgs = append(msgs, reading(i, sensors))
+		want = append(want, i)
+	}
+	e.publish(t, msgs)
+	stop := e.start(t, Config{PublishTimeout: 2 * time.Second})
+	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= n/4 })
+	e.nats.Restart(500 * time.Millisecond)
+	t.Logf("NATS restarted with %d of %d readings appended", e.streamMsgs(t), n)
+	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
+	e.quiesce(t)
+	stop()
+	if got := e.queueReady(t, e.queue); got != 0 {
+		t.Fatalf("%d messages left in the queue", got)
+	}
+	checkExactlyOnce(t, e, want, sensors)
+	t.Logf("retries %v, duplicates %v", metricValue(e.bridge.m.retries), metricValue(e.bridge.m.duplicates))
+}
+
+// TestBridgeRabbitMQRestart kills and restarts a private RabbitMQ node in the middle of
+// 20,000 readings.
+func TestBridgeRabbitMQRestart(t *testing.T) {
+	t.Parallel()
+	node := privateRabbit(t)
+	e := newEnv(t, node.URL)
+	const n, sensors = 20000, 1000
+	var msgs []amqp.Publishing
+	var want []int
+	for i := range n {
+		msgs = append(msgs, reading(i, sensors))
+		want = append(want, i)
+	}
+	e.publish(t, msgs)
+	stop := e.start(t, Config{})
+	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= n/4 })
+	node.restart()
+	t.Logf("RabbitMQ restarted with %d of %d readings appended", e.streamMsgs(t), n)
+	e.connectAMQP(t)
+	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
+	e.quiesce(t)
+	stop()
+	if got := e.queueReady(t, e.queue); got != 0 {
+		t.Fatalf("%d messages left in the queue", got)
+	}
+	checkExactlyOnce(t, e, want, sensors)
+	if c := metricValue(e.bridge.m.connects); c < 2 {
+		t.Fatalf("connects metric %v: the bridge did not reconnect", c)
+	}
+	t.Logf("connects %v, duplicates %v", metricValue(e.bridge.m.connects), metricValue(e.bridge.m.duplicates))
+}
+
+// quiesce waits until RabbitMQ has nothing ready for the bridge and the bridge has had
+// nothing in flight and accepted nothing new for half a second: every message is handled.
+func (e *env) quiesce(t *testing.T) {
+	t.Helper()
+	var last float64 = -1
+	var since time.Time
+	eventually(t, time.Minute, "bridge idle with the queue empty", func() bool {
+		acc := metricValue(e.bridge.m.accepted)
+		if e.queueReady(t, e.queue) != 0 || metricValue(e.bridge.m.inFlight) != 0 || acc != last {
+			last, since = acc, time.Now()
+			return false
+		}
+		return time.Since(since) > 500*time.Millisecond
+	})
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		panic(err)
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}

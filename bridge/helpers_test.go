@@ -1,0 +1,382 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// Environment of a bridge run in a child process by the crash test.
+const (
+	childEnv      = "LOCKS_BRIDGE_TEST_CHILD"
+	childNATSEnv  = "LOCKS_BRIDGE_TEST_NATS_URL"
+	childAMQPEnv  = "LOCKS_BRIDGE_TEST_AMQP_URL"
+	childQueueEnv = "LOCKS_BRIDGE_TEST_QUEUE"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+// runChild runs a bridge until it is killed at its crash point or a minute has passed.
+func runChild() int {
+	log := testenv.Logger(childTB{})
+	nc, err := natsx.Connect(os.Getenv(childNATSEnv), "bridge-child", log)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	js, _ := jetstream.New(nc)
+	b, err := New(Config{AMQPURL: os.Getenv(childAMQPEnv), Queue: os.Getenv(childQueueEnv), Prefetch: 100},
+		Deps{JS: js, Log: log, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 3 // not killed: the crash point was never reached
+}
+
+// childTB is just enough of testing.TB for testenv.Logger in the child: it writes to stderr.
+type childTB struct{ testing.TB }
+
+func (childTB) Helper()           {}
+func (childTB) Log(args ...any) { fmt.Fprintln(os.Stderr, args...) }
+
+// env is one test's servers: its own embedded NATS with the streams declared, and its own
+// queue names on a RabbitMQ.
+type env struct {
+	nats   *testenv.NATSEnv
+	js     jetstream.JetStream // on a connection made like the binary's (natsx.Connect)
+	amqp   string
+	queue  string
+	ch     *amqp.Channel // for the test's own publishing and inspection
+	pubCh  *amqp.Channel
+	reg    *prometheus.Registry
+	bridge *Bridge
+}
+
+func newEnv(t *testing.T, amqpURL string) *env {
+	t.Helper()
+	ne := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := natsx.Connect(ne.URL, "bridge-test", testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{nats: ne, js: js, amqp: amqpURL}
+	if amqpURL == "" {
+		re := testenv.RabbitMQ(t)
+		e.amqp, e.queue = re.URL, re.Queue
+	} else {
+		e.queue = testenv.Name("sensor.readings")
+	}
+	e.connectAMQP(t)
+	return e
+}
+
+func (e *env) connectAMQP(t *testing.T) {
+	t.Helper()
+	conn, err := amqp.Dial(e.amqp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(e.queue, false, false, false)
+			_, _ = ch.QueueDelete(e.queue+".invalid", false, false, false)
+		}
+		_ = conn.Close()
+	})
+	if e.ch, err = conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	if e.pubCh, err = conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pubCh.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	// Declared as the bridge declares it, so messages can be published before it starts.
+	if _, err := e.ch.QueueDeclare(e.queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publish sends persistent messages under publisher confirms and waits for all confirms.
+func (e *env) publish(t testing.TB, msgs []amqp.Publishing) {
+	t.Helper()
+	const window = 2000
+	var pending []*amqp.DeferredConfirmation
+	wait := func() {
+		for _, dc := range pending {
+			if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+				t.Fatalf("publish not confirmed: %v", err)
+			}
+		}
+		pending = pending[:0]
+	}
+	for _, m := range msgs {
+		m.DeliveryMode = amqp.Persistent
+		dc, err := e.pubCh.PublishWithDeferredConfirmWithContext(context.Background(), "", e.queue, false, false, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, dc)
+		if len(pending) >= window {
+			wait()
+		}
+	}
+	wait()
+}
+
+// start runs a bridge on the env until the test ends or stop is called.
+func (e *env) start(t testing.TB, cfg Config) (stop func()) {
+	t.Helper()
+	cfg.AMQPURL, cfg.Queue = e.amqp, e.queue
+	if cfg.ConnectionName == "" {
+		cfg.ConnectionName = "locks-bridge-test-" + e.queue
+	}
+	if cfg.ReconnectMax == 0 {
+		cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
+	}
+	e.reg = prometheus.NewRegistry()
+	b, err := New(cfg, Deps{JS: e.js, Log: testenv.Logger(t), Registerer: e.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.bridge = b
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("bridge did not stop within 30s")
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) streamMsgs(t testing.TB) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := e.nats.JS.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		return 0 // NATS restarting: the caller polls
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+// queueReady is the number of messages ready (not unacked) in a queue.
+func (e *env) queueReady(t testing.TB, q string) int {
+	t.Helper()
+	info, err := e.ch.QueueInspect(q)
+	if err != nil {
+		t.Fatalf("inspect %s: %v", q, err)
+	}
+	return info.Messages
+}
+
+// readings reads the whole READINGS stream.
+func (e *env) readings(t testing.TB) ([]event.Log, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	n := e.streamMsgs(t)
+	c, err := e.nats.JS.OrderedConsumer(ctx, natsx.ReadingsStream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs []event.Log
+	var subjects []string
+	for uint64(len(logs)) < n {
+		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			l, err := event.DecodeLog(m.Data())
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs, subjects = append(logs, l), append(subjects, m.Subject())
+		}
+		if batch.Error() != nil && !errors.Is(batch.Error(), jetstream.ErrNoMessages) {
+			t.Fatal(batch.Error())
+		}
+		if got == 0 {
+			t.Fatalf("stream says %d messages, read %d", n, len(logs))
+		}
+	}
+	return logs, subjects
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// rabbitNode is a private RabbitMQ node (own name, ports, data and log dirs, no plugins),
+// so a test may kill and restart it without touching the shared server.
+type rabbitNode struct {
+	t    testing.TB
+	dir  string
+	name string
+	port int
+	dist int
+	cmd  *exec.Cmd
+	URL  string
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+func privateRabbit(t testing.TB) *rabbitNode {
+	t.Helper()
+	if _, err := os.Stat(rabbitServer); err != nil {
+		t.Fatalf("%s not found (%v): install the rabbitmq-server Debian package (`go tool task test` does)", rabbitServer, err)
+	}
+	dir, err := os.MkdirTemp("", "locks-bridge-rabbit-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &rabbitNode{t: t, dir: dir, port: freePort(t), dist: freePort(t)}
+	n.name = "locksbridge" + strconv.Itoa(n.port) + "@localhost"
+	n.URL = fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.port)
+	for _, d := range []string{"home", "mnesia", "log"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\n", n.port)
+	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.kill()
+		_ = os.RemoveAll(dir)
+	})
+	n.start()
+	return n
+}
+
+func (n *rabbitNode) start() {
+	n.t.Helper()
+	cmd := exec.Command(rabbitServer)
+	cmd.Env = append(os.Environ(),
+		"HOME="+filepath.Join(n.dir, "home"),
+		"RABBITMQ_NODENAME="+n.name,
+		"RABBITMQ_NODE_PORT="+strconv.Itoa(n.port),
+		"RABBITMQ_DIST_PORT="+strconv.Itoa(n.dist),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(n.dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(n.dir, "log"),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(n.dir, "rabbitmq.conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(n.dir, "enabled_plugins"),
+		"RABBITMQ_PID_FILE="+filepath.Join(n.dir, "pid"),
+	)
+	out, err := os.Create(filepath.Join(n.dir, "server.out"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatalf("start private RabbitMQ: %v", err)
+	}
+	n.cmd = cmd
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		c, err := amqp.Dial(n.URL)
+		if err == nil {
+			_ = c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(n.dir, "server.out"))
+			n.t.Fatalf("private RabbitMQ node %s not ready within 90s: %v\n%s", n.name, err, b)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// kill stops the node as a crash would (SIGKILL to its whole process group).
+func (n *rabbitNode) kill() {
+	if n.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	_ = n.cmd.Wait()
+	n.cmd = nil
+}
+
+// restart kills the node and starts it again on the same data.
+func (n *rabbitNode) restart() {
+	n.t.Helper()
+	n.kill()
+	n.start()
+}
