@@ -1,0 +1,110 @@
+package notifier
+
+import (
+	"sync"
+	"time"
+)
+
+// endpoints isolates receivers from one another: each client's endpoint may have at most
+// perEndpoint attempts in flight in this process, and a circuit breaker that opens after
+// threshold consecutive failures stops sending to it for a cooldown (doubling up to
+// maxCooldown while probes keep failing); after the cooldown one probe attempt is let
+// through (half-open), and its success closes the breaker. An endpoint that cannot take an
+// attempt now is "busy": the dispatcher does not even claim its deliveries, so they stay in
+// Postgres, due, for whichever process can send them, and take no slot from anyone else.
+type endpoints struct {
+	perEndpoint int
+	threshold   int
+	cooldown    time.Duration
+	maxCooldown time.Duration
+
+	mu sync.Mutex
+	m  map[string]*endpoint
+}
+
+type endpoint struct {
+	inflight  int
+	fails     int
+	openUntil time.Time
+	cooldown  time.Duration
+	probing   bool
+}
+
+func newEndpoints(per, threshold int, cooldown, maxCooldown time.Duration) *endpoints {
+	return &endpoints{perEndpoint: per, threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown, m: map[string]*endpoint{}}
+}
+
+// canTake is whether e may take one more attempt now; e's lock is held.
+func (es *endpoints) canTake(e *endpoint, now time.Time) bool {
+	if e.fails >= es.threshold {
+		if now.Before(e.openUntil) || e.probing || e.inflight > 0 {
+			return false // open, or half-open with its probe under way
+		}
+		return true
+	}
+	return e.inflight < es.perEndpoint
+}
+
+// busy lists the endpoints that cannot take an attempt now.
+func (es *endpoints) busy(now time.Time) []string {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	var out []string
+	for id, e := range es.m {
+		if !es.canTake(e, now) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// acquire takes a slot of client's endpoint, or reports false.
+func (es *endpoints) acquire(client string, now time.Time) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	e := es.m[client]
+	if e == nil {
+		e = &endpoint{}
+		es.m[client] = e
+	}
+	if !es.canTake(e, now) {
+		return false
+	}
+	if e.fails >= es.threshold {
+		e.probing = true
+	}
+	e.inflight++
+	return true
+}
+
+// release returns a slot with the attempt's result; it reports whether the breaker opened.
+func (es *endpoints) release(client string, ok bool, now time.Time) (opened bool) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	e := es.m[client]
+	if e == nil {
+		return false
+	}
+	e.inflight--
+	wasProbe := e.probing
+	e.probing = false
+	switch {
+	case ok:
+		e.fails, e.cooldown = 0, 0
+	default:
+		e.fails++
+		if wasProbe || e.fails == es.threshold {
+			if e.cooldown == 0 {
+				e.cooldown = es.cooldown
+			} else {
+				e.cooldown = min(2*e.cooldown, es.maxCooldown)
+			}
+			e.openUntil = now.Add(e.cooldown)
+			opened = true
+		}
+	}
+	if e.inflight == 0 && e.fails == 0 {
+		delete(es.m, client)
+	}
+	return opened
+}
