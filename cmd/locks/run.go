@@ -29,6 +29,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/migrations"
+	"github.com/lock-sensors/lock-sensors/notifier"
 	"github.com/lock-sensors/lock-sensors/projector"
 )
 
@@ -137,6 +138,8 @@ func buildPart(name string, d deps) (runner, error) {
 	case "bridge":
 		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue},
 			bridge.Deps{JS: d.js, Log: d.log, Registerer: d.reg})
+	case "notifier":
+		return notifier.New(d.cfg, notifier.Deps{JS: d.js, DB: d.pg, Log: d.log, Reg: d.reg, Partitions: d.partitions})
 	case "state":
 		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
