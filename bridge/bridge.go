@@ -111,6 +111,8 @@ type Bridge struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 	m   metrics
+	// lastRetryLog is only touched by the acker goroutine.
+	lastRetryLog time.Time
 }
 
 type metrics struct {
@@ -467,8 +469,11 @@ func (b *Bridge) republish(ctx context.Context, msg *nats.Msg, first error) (*je
 	err := first
 	for attempt := 1; ; attempt++ {
 		b.m.retries.Inc()
-		if attempt == 1 || attempt%20 == 0 {
-			b.log.Warn("append to READINGS failed; retrying", "subject", msg.Subject, "attempt", attempt, "err", err)
+		// A NATS restart fails every append in flight at once: log one line per second.
+		if now := time.Now(); now.Sub(b.lastRetryLog) >= time.Second || attempt%20 == 0 {
+			b.lastRetryLog = now
+			b.log.Warn("append to READINGS failed; retrying (further failures within 1s not logged)",
+				"subject", msg.Subject, "attempt", attempt, "err", err)
 		}
 		pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
 		var ack *jetstream.PubAck

@@ -64,7 +64,7 @@ func runChild() int {
 // childTB is just enough of testing.TB for testenv.Logger in the child: it writes to stderr.
 type childTB struct{ testing.TB }
 
-func (childTB) Helper()           {}
+func (childTB) Helper()         {}
 func (childTB) Log(args ...any) { fmt.Fprintln(os.Stderr, args...) }
 
 // env is one test's servers: its own embedded NATS with the streams declared, and its own
