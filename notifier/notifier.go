@@ -185,7 +185,7 @@ func New(cfg config.Config, d Deps) (*Notifier, error) {
 	return n, nil
 }
 
-func signal(c chan struct{}) {
+func poke(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:
@@ -349,9 +349,9 @@ func (n *Notifier) ingestBatch(ctx context.Context, batch []jetstream.Msg) error
 	n.m.events.Add(float64(len(evs)))
 	n.m.created.Add(float64(created))
 	n.count(recs)
-	signal(n.wake)
+	poke(n.wake)
 	if len(recs) > 0 {
-		signal(n.relayWake)
+		poke(n.relayWake)
 	}
 	return nil
 }
@@ -416,7 +416,7 @@ func (n *Notifier) dispatch(ctx context.Context) {
 					n.ep.release(c.clientID, true, time.Now())
 				}
 				n.inflight.Add(-1)
-				signal(n.slotFreed)
+				poke(n.slotFreed)
 				n.results <- r
 			})
 		}
@@ -561,8 +561,8 @@ func (n *Notifier) finishBatch(batch []result) {
 		if err == nil {
 			crashpoint.Hit(CrashAfterFinishCommit)
 			n.count(recs)
-			signal(n.wake)
-			signal(n.relayWake)
+			poke(n.wake)
+			poke(n.relayWake)
 			return
 		}
 		if try >= 10 {

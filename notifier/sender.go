@@ -106,4 +106,3 @@ func (s *sender) post(ctx context.Context, rawURL string, h http.Header, body []
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	return response{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}, nil
 }
-

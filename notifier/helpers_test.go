@@ -1,0 +1,362 @@
+package notifier
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+const (
+	testPartitions = 4
+	childEnv       = "NOTIFIER_TEST_CHILD"
+)
+
+// TestMain runs the notifier as a child process when childEnv is set (crash tests), with
+// its configuration from the LOCKS_* variables, until SIGTERM or a crash point.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+func runChild() int {
+	cfg, err := config.Load(nil, nil, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	log := slogStderr()
+	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pool.Close()
+	nc, err := natsx.Connect(cfg.NATSURL, "notifier-child", log)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 1
+	}
+	n, err := New(cfg, Deps{JS: js, DB: pool, Log: log, Reg: prometheus.NewRegistry(),
+		Options: Options{PollInterval: 100 * time.Millisecond}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := n.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// env is one test's servers: NATS with the streams declared, a fresh Postgres database.
+type env struct {
+	t     testing.TB
+	nats  *testenv.NATSEnv
+	pgURL string
+	pool  *pgxpool.Pool
+	cfg   config.Config
+}
+
+func newEnv(t testing.TB, schedule ...time.Duration) *env {
+	t.Helper()
+	ne := testenv.NATS(t)
+	if err := natsx.Declare(context.Background(), ne.JS, natsx.StreamsConfig{Partitions: testPartitions, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	u, pool := testenv.Postgres(t)
+	cfg := config.Default()
+	cfg.Partitions = testPartitions
+	cfg.RetrySchedule = schedule
+	cfg.WebhookTimeout = 2 * time.Second
+	cfg.WebhookAllowPrivate = true
+	return &env{t: t, nats: ne, pgURL: u, pool: pool, cfg: cfg}
+}
+
+// start runs a notifier until the end of the test.
+func (e *env) start(opt Options) *Notifier {
+	e.t.Helper()
+	if opt.PollInterval == 0 {
+		opt.PollInterval = 100 * time.Millisecond
+	}
+	if opt.BreakerCooldown == 0 {
+		opt.BreakerCooldown = 200 * time.Millisecond
+	}
+	n, err := New(e.cfg, Deps{JS: e.nats.JS, DB: e.pool, Log: testenv.Logger(e.t).With("t", e.t.Name()), Reg: prometheus.NewRegistry(), Options: opt})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				e.t.Errorf("Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			e.t.Errorf("notifier did not stop within 20s")
+		}
+	})
+	return n
+}
+
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// client registers a client with a fresh secret and returns the secret.
+func (e *env) client(id, url string) string {
+	e.t.Helper()
+	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("key-of-"+id+"-0123456789abcdef"))
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret) VALUES ($1, $1, $2, $3)`, id, url, secret)
+	return secret
+}
+
+func (e *env) sensor(id, address string) {
+	e.t.Helper()
+	e.exec(`INSERT INTO sensors (id, address) VALUES ($1, $2)`, id, address)
+}
+
+func (e *env) subscribe(client, sensor string) {
+	e.t.Helper()
+	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) VALUES ($1, $2)`, client, sensor)
+}
+
+func testEvent(sensor string, rev int64, data uint8) event.Event {
+	e := event.Event{V: event.Version, ID: event.ID(sensor, rev), Type: event.TypeStateChanged,
+		OccurredAt: time.Now().UTC().Truncate(time.Millisecond), SensorID: sensor, Data: data, Revision: rev}
+	if rev > 1 {
+		p := 1 - data
+		e.PreviousData = &p
+	}
+	return e
+}
+
+// publish appends events to EVENTS the way the state projector's relay does.
+func (e *env) publish(evs ...event.Event) {
+	e.t.Helper()
+	futs := make([]jetstream.PubAckFuture, 0, len(evs))
+	for _, ev := range evs {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		f, err := e.nats.JS.PublishMsgAsync(&nats.Msg{Subject: natsx.EventsSubject(partition.Of(ev.SensorID, testPartitions), ev.SensorID), Data: b},
+			jetstream.WithMsgID(ev.ID))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			e.t.Fatal(err)
+		case <-time.After(10 * time.Second):
+			e.t.Fatal("EVENTS publish not acknowledged")
+		}
+	}
+}
+
+// records reads every attempt record of client from DELIVERIES.
+func (e *env) records(client string) []event.Attempt {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := e.nats.JS.Stream(ctx, natsx.DeliveriesStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(natsx.DeliveriesSubject(client)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	want := info.State.Subjects[natsx.DeliveriesSubject(client)]
+	if want == 0 {
+		return nil
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{natsx.DeliveriesSubject(client)}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []event.Attempt
+	for uint64(len(out)) < want {
+		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		a, err := event.DecodeAttempt(m.Data())
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func outcomes(recs []event.Attempt) string {
+	var s []string
+	for _, a := range recs {
+		s = append(s, strconv.Itoa(a.Attempt)+":"+a.Outcome)
+	}
+	return strings.Join(s, ",")
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// hit is one request a receiver got.
+type hit struct {
+	at     time.Time
+	header http.Header
+	body   []byte
+	status int
+}
+
+// receiver is a real HTTP server on loopback; respond decides each answer (n is 1-based).
+type receiver struct {
+	*httptest.Server
+	mu      sync.Mutex
+	hits    []hit
+	respond func(n int, w http.ResponseWriter, r *http.Request) int
+}
+
+func newReceiver(t testing.TB, respond func(n int, w http.ResponseWriter, r *http.Request) int) *receiver {
+	rc := &receiver{respond: respond}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		rc.mu.Lock()
+		n := len(rc.hits) + 1
+		rc.hits = append(rc.hits, hit{at: time.Now(), header: r.Header.Clone(), body: b})
+		rc.mu.Unlock()
+		st := http.StatusOK
+		if rc.respond != nil {
+			st = rc.respond(n, w, r)
+		}
+		rc.mu.Lock()
+		rc.hits[n-1].status = st
+		rc.mu.Unlock()
+		if st != 0 {
+			w.WriteHeader(st)
+		}
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *receiver) got() []hit {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]hit(nil), rc.hits...)
+}
+
+func (rc *receiver) count() int { return len(rc.got()) }
+
+// verify checks webhook-signature against the Standard Webhooks spec, computed here from
+// crypto/hmac and not by the package's signer. It returns how many signatures matched which
+// of secrets, in order.
+func verify(t testing.TB, h hit, secrets ...string) []int {
+	t.Helper()
+	id, ts := h.header.Get("webhook-id"), h.header.Get("webhook-timestamp")
+	var matched []int
+	for _, sig := range strings.Split(h.header.Get("webhook-signature"), " ") {
+		v, b64, ok := strings.Cut(sig, ",")
+		if !ok || v != "v1" {
+			t.Fatalf("signature %q is not v1,<base64>", sig)
+		}
+		got, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil {
+			t.Fatalf("signature %q: %v", sig, err)
+		}
+		found := -1
+		for i, s := range secrets {
+			key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, "whsec_"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mac := hmac.New(sha256.New, key)
+			mac.Write([]byte(id + "." + ts + "." + string(h.body)))
+			if hmac.Equal(mac.Sum(nil), got) {
+				found = i
+			}
+		}
+		if found < 0 {
+			t.Fatalf("signature %q matches no secret (id %s, ts %s)", sig, id, ts)
+		}
+		matched = append(matched, found)
+	}
+	return matched
+}
+
+// bodyOf decodes a webhook body.
+type gotBody struct {
+	ID         string `json:"id"`
+	Type       string `json:"type"`
+	OccurredAt string `json:"occurred_at"`
+	Sensor     struct {
+		ID      string `json:"id"`
+		Address string `json:"address"`
+	} `json:"sensor"`
+	Data         *int  `json:"data"`
+	PreviousData *int  `json:"previous_data"`
+	Revision     int64 `json:"revision"`
+}
+
+func bodyOf(t testing.TB, h hit) gotBody {
+	t.Helper()
+	var b gotBody
+	if err := json.Unmarshal(h.body, &b); err != nil {
+		t.Fatalf("body %s: %v", h.body, err)
+	}
+	return b
+}

@@ -1,0 +1,216 @@
+package notifier
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/config"
+)
+
+func TestPolicyNext(t *testing.T) {
+	t.Parallel()
+	def := Policy{Schedule: config.DefaultRetrySchedule}
+	short := Policy{Schedule: []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}}
+	for _, tc := range []struct {
+		name    string
+		p       Policy
+		attempt int
+		want    time.Duration
+	}{
+		{"default after 1st", def, 1, 10 * time.Second},
+		{"default after 2nd", def, 2, time.Minute},
+		{"default after 9th", def, 9, 8 * time.Hour},
+		{"default after 10th: dead", def, 10, Stop},
+		{"short after 1st", short, 1, 200 * time.Millisecond},
+		{"short after 2nd", short, 2, 400 * time.Millisecond},
+		{"short after 3rd: dead", short, 3, Stop},
+		{"attempt 0 is not an attempt", short, 0, Stop},
+		{"empty schedule: one attempt", Policy{}, 1, Stop},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.p.Next(tc.attempt); got != tc.want {
+				t.Fatalf("Next(%d) = %s, want %s", tc.attempt, got, tc.want)
+			}
+		})
+	}
+	if def.Attempts() != 10 {
+		t.Fatalf("default schedule allows %d attempts, want 10", def.Attempts())
+	}
+}
+
+func TestPolicyDelay(t *testing.T) {
+	t.Parallel()
+	p := Policy{Schedule: []time.Duration{10 * time.Second, time.Minute, time.Hour}}
+	for _, tc := range []struct {
+		name       string
+		attempt    int
+		u          float64
+		retryAfter time.Duration
+		want       time.Duration
+	}{
+		{"no jitter", 1, 0, 0, 10 * time.Second},
+		{"half jitter adds a tenth", 1, 0.5, 0, 11 * time.Second},
+		{"jitter at most a fifth", 2, 0.999, 0, time.Minute + 11988*time.Millisecond},
+		{"jitter clamped above", 1, 7, 0, 10*time.Second + 1998*time.Millisecond},
+		{"negative jitter clamped", 1, -1, 0, 10 * time.Second},
+		{"retry-after lengthens", 1, 0, 30 * time.Second, 30 * time.Second},
+		{"retry-after never shortens", 2, 0, time.Second, time.Minute},
+		{"retry-after bounded by the longest delay", 1, 0, 48 * time.Hour, time.Hour},
+		{"last attempt: stop even with retry-after", 4, 0, time.Second, Stop},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.Delay(tc.attempt, tc.u, tc.retryAfter); got != tc.want {
+				t.Fatalf("Delay(%d, %v, %s) = %s, want %s", tc.attempt, tc.u, tc.retryAfter, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		status int
+		h      string
+		want   time.Duration
+	}{
+		{"429 seconds", 429, "120", 2 * time.Minute},
+		{"503 seconds", 503, " 5 ", 5 * time.Second},
+		{"503 http date", 503, now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
+		{"date in the past", 503, now.Add(-time.Minute).Format(http.TimeFormat), 0},
+		{"500 ignores it", 500, "120", 0},
+		{"garbage", 429, "soon", 0},
+		{"negative", 429, "-3", 0},
+		{"absent", 429, "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := RetryAfter(tc.status, tc.h, now); got != tc.want {
+				t.Fatalf("RetryAfter(%d, %q) = %s, want %s", tc.status, tc.h, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSignatureVector checks the signer against the Standard Webhooks reference vector.
+func TestSignatureVector(t *testing.T) {
+	t.Parallel()
+	got, err := Signature("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "", time.Time{}, time.Now(),
+		"msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="; got != want {
+		t.Fatalf("signature %s, want %s", got, want)
+	}
+	for _, bad := range []string{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_", "whsec_!!!"} {
+		if _, err := Signature(bad, "", time.Time{}, time.Now(), "id", 1, nil); !errors.Is(err, ErrSecret) {
+			t.Errorf("secret %q: err %v, want ErrSecret", bad, err)
+		}
+	}
+}
+
+func TestForbidden(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ip   string
+		want bool
+	}{
+		{"127.0.0.1", true}, {"::1", true}, {"10.1.2.3", true}, {"172.16.0.1", true}, {"192.168.1.1", true},
+		{"169.254.169.254", true}, {"100.64.0.1", true}, {"0.0.0.0", true}, {"0.1.2.3", true}, {"::", true},
+		{"fc00::1", true}, {"fe80::1", true}, {"::ffff:127.0.0.1", true}, {"224.0.0.1", true},
+		{"8.8.8.8", false}, {"93.184.216.34", false}, {"2606:4700::1111", false}, {"::ffff:8.8.8.8", false},
+	} {
+		t.Run(tc.ip, func(t *testing.T) {
+			if got := forbidden(netip.MustParseAddr(tc.ip)); got != tc.want {
+				t.Fatalf("forbidden(%s) = %v, want %v", tc.ip, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSenderRefusesPrivateAndRedirects uses real loopback servers.
+func TestSenderRefusesPrivateAndRedirects(t *testing.T) {
+	t.Parallel()
+	target := newReceiver(t, nil)
+	redirect := newReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) int {
+		w.Header().Set("Location", target.URL)
+		return http.StatusFound
+	})
+	strict := newSender(time.Second, false)
+	if _, err := strict.post(t.Context(), target.URL, http.Header{}, []byte("{}")); !errors.Is(err, ErrForbiddenAddress) {
+		t.Fatalf("loopback with private addresses disallowed: err %v, want ErrForbiddenAddress", err)
+	}
+	if _, err := strict.post(t.Context(), "ftp://example.com/", http.Header{}, nil); !errors.Is(err, ErrBadURL) {
+		t.Fatalf("ftp URL: err %v, want ErrBadURL", err)
+	}
+	lax := newSender(time.Second, true)
+	resp, err := lax.post(t.Context(), redirect.URL, http.Header{}, []byte("{}"))
+	if err != nil || resp.status != http.StatusFound {
+		t.Fatalf("redirect: status %d err %v, want 302 not followed", resp.status, err)
+	}
+	if target.count() != 0 {
+		t.Fatalf("the redirect target got %d requests, want 0", target.count())
+	}
+	hang := newReceiver(t, func(_ int, _ http.ResponseWriter, r *http.Request) int { <-r.Context().Done(); return 0 })
+	quick := newSender(200*time.Millisecond, true)
+	start := time.Now()
+	if _, err := quick.post(context.Background(), hang.URL, http.Header{}, nil); err == nil {
+		t.Fatal("hanging receiver: no error")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("attempt against a hanging receiver took %s", d)
+	}
+}
+
+func TestEndpointsBreaker(t *testing.T) {
+	t.Parallel()
+	es := newEndpoints(2, 3, time.Second, 4*time.Second)
+	now := time.Unix(1000, 0)
+	if !es.acquire("a", now) || !es.acquire("a", now) {
+		t.Fatal("two slots should be free")
+	}
+	if es.acquire("a", now) {
+		t.Fatal("a third concurrent attempt was allowed")
+	}
+	if b := es.busy(now); len(b) != 1 || b[0] != "a" {
+		t.Fatalf("busy = %v, want [a]", b)
+	}
+	es.release("a", false, now)
+	es.release("a", false, now)
+	if !es.acquire("a", now) {
+		t.Fatal("slot after release")
+	}
+	if !es.release("a", false, now) {
+		t.Fatal("third consecutive failure should open the breaker")
+	}
+	if es.acquire("a", now.Add(999*time.Millisecond)) {
+		t.Fatal("open breaker let an attempt through")
+	}
+	probe := now.Add(time.Second)
+	if !es.acquire("a", probe) {
+		t.Fatal("half-open breaker refused the probe")
+	}
+	if es.acquire("a", probe) {
+		t.Fatal("half-open breaker let a second attempt beside the probe")
+	}
+	es.release("a", false, probe) // failed probe: cooldown doubles
+	if es.acquire("a", probe.Add(1500*time.Millisecond)) {
+		t.Fatal("cooldown did not double after a failed probe")
+	}
+	probe = probe.Add(2 * time.Second)
+	if !es.acquire("a", probe) {
+		t.Fatal("second probe refused")
+	}
+	es.release("a", true, probe)
+	if !es.acquire("a", probe) || !es.acquire("a", probe) {
+		t.Fatal("a successful probe should close the breaker")
+	}
+	if !es.acquire("b", probe) {
+		t.Fatal("another endpoint was affected")
+	}
+}
