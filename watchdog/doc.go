@@ -1,3 +1,26 @@
 // Package watchdog declares sensors lost when no reading came for lost_after, from the
 // expiry of per-sensor keys in a JetStream KV bucket with limit markers.
+//
+// Every reading in READINGS refreshes its sensor's key in the `liveness` bucket with a
+// per-message TTL of what is left of the sensor's lost_after (sensors.lost_after_ms, or
+// LOCKS_LOST_AFTER), counted from the reading's receive time. When a key expires the server
+// writes a delete marker (Nats-Marker-Reason: MaxAge) in its place; the watchdog watches the
+// bucket, and turns a marker into a `liveness_timeout` fact appended to the sensor's
+// partition of READINGS. It never decides "lost" itself: the state projector does, from the
+// log alone (fact time − last reading ≥ lost_after), so replays give the same answer.
+//
+// No false alarm from our own lag: an expiry is held while the watchdog's READINGS consumer of
+// that partition has not yet applied every reading stored before the expiry, and while the
+// upstream (the RabbitMQ queue the bridge drains) is behind, as told by the Lag hook. Once
+// caught up, each held expiry is checked against the sensor's last message in READINGS (the
+// truth): a sensor whose last reading is younger than lost_after gets its key refreshed, one
+// whose last message is already a liveness_timeout gets nothing, the others get their fact.
+// So an outage of ours yields no storm of lost/restored pairs.
+//
+// A declared sensor's marker is overwritten by a value without TTL marking it declared, so a
+// restart does not re-declare it; a repeated append is also de-duplicated by its Nats-Msg-Id
+// (sensor and the READINGS sequence of its last reading).
+//
+// A reconciliation sweep compares sensor_state.last_seen with the keys and repairs any
+// difference, counted in locks_watchdog_reconcile_repairs_total (which should stay 0).
 package watchdog

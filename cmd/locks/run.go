@@ -31,6 +31,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/migrations"
 	"github.com/lock-sensors/lock-sensors/notifier"
 	"github.com/lock-sensors/lock-sensors/projector"
+	"github.com/lock-sensors/lock-sensors/watchdog"
 )
 
 // allTargets are the parts `locks run` knows, in start order.
@@ -143,6 +144,12 @@ func buildPart(name string, d deps) (runner, error) {
 	case "state":
 		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
+	case "watchdog":
+		// The upstream is behind while the bridge's queue has no consumer or a backlog
+		// beyond the bridge's prefetch window; expiries wait for it.
+		return watchdog.New(watchdog.Config{Partitions: d.cfg.Partitions, Owned: d.partitions, LostAfter: d.cfg.LostAfter},
+			watchdog.Deps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg,
+				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond)})
 	default:
 		return nil, errNotBuilt
 	}

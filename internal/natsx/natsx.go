@@ -121,10 +121,8 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 			return err
 		}
 	}
-	marker := c.LostAfter
-	if marker < time.Second {
-		marker = time.Second
-	}
+	// A marker must outlive an outage of the watchdog, which settles and overwrites it.
+	marker := max(c.LostAfter, 24*time.Hour)
 	_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:         LivenessBucket,
 		Description:    "one key per sensor, refreshed by each reading, expiring after lost_after",

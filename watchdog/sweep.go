@@ -1,0 +1,179 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+)
+
+// keyState is what a sweep reads of one key.
+type keyState struct {
+	seq    uint64 // READINGS sequence the value stands for
+	rev    uint64 // KV revision
+	marker bool   // an expiry not settled yet
+}
+
+func (w *Watchdog) sweepIfCaughtUp(ctx context.Context) error {
+	if w.upstreamBehind(ctx) {
+		w.log.Debug("reconciliation sweep skipped: upstream behind")
+		return nil
+	}
+	all := map[int]bool{}
+	for p := range w.parts {
+		all[p] = true
+	}
+	upTo, err := w.caughtUp(ctx, all)
+	if err != nil {
+		return err
+	}
+	for p, t := range upTo {
+		if t != int64(^uint64(0)>>1) {
+			w.log.Debug("reconciliation sweep skipped: READINGS consumer behind", "partition", p)
+			return nil
+		}
+	}
+	_, err = w.Sweep(ctx)
+	return err
+}
+
+// Sweep compares sensor_state (the state projection) with the liveness keys of the owned
+// partitions and repairs what differs: an online sensor whose key is missing, or stands for
+// an older reading than the projection has applied, gets its key recreated with the TTL left
+// from last_seen (or, when none is left, goes through the expiry check). It returns the
+// number of repairs, which is also added to locks_watchdog_reconcile_repairs_total.
+func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
+	keys, err := w.snapshotKeys(ctx)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := w.pg.Query(ctx, `SELECT sensor_id, last_seen, last_seq FROM sensor_state
+		WHERE connection = 'online' AND partition = ANY($1)`, []int(w.cfg.Owned))
+	if err != nil {
+		return 0, fmt.Errorf("read sensor_state: %w", err)
+	}
+	type suspect struct {
+		sensor   string
+		lastSeen time.Time
+		lastSeq  uint64
+	}
+	var suspects []suspect
+	for rows.Next() {
+		var s suspect
+		var seq int64
+		if err := rows.Scan(&s.sensor, &s.lastSeen, &seq); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("read sensor_state: %w", err)
+		}
+		s.lastSeq = uint64(seq)
+		k, ok := keys[s.sensor]
+		if ok && (k.marker || k.seq >= s.lastSeq) {
+			continue
+		}
+		suspects = append(suspects, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("read sensor_state: %w", err)
+	}
+	if len(suspects) == 0 {
+		return 0, nil
+	}
+	kv, err := w.js.KeyValue(ctx, natsx.LivenessBucket)
+	if err != nil {
+		return 0, fmt.Errorf("liveness bucket: %w", err)
+	}
+	repairs := 0
+	for _, s := range suspects {
+		// Look again: a reading may have refreshed it since the snapshot.
+		var rev uint64
+		e, err := kv.Get(ctx, s.sensor)
+		switch {
+		case err == nil:
+			var v keyValue
+			if json.Unmarshal(e.Value(), &v) == nil && v.Seq >= s.lastSeq {
+				continue
+			}
+			rev = e.Revision()
+		case errors.Is(err, jetstream.ErrKeyDeleted):
+			continue // a marker: the expiry path settles it
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		default:
+			return repairs, fmt.Errorf("liveness key %s: %w", s.sensor, err)
+		}
+		repairs++
+		w.m.repairs.Inc()
+		left := w.lostAfter(s.sensor) - time.Since(s.lastSeen)
+		w.log.Warn("reconciliation: liveness key differed from sensor_state; repaired",
+			"sensor", s.sensor, "last_seen", s.lastSeen, "last_seq", s.lastSeq, "key_revision", rev, "left", left)
+		if left <= 0 {
+			w.addCandidate(s.sensor, candidate{at: time.Now()})
+			continue
+		}
+		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(s.sensor), Data: encodeValue(s.lastSeen, s.lastSeq, false), Header: nats.Header{}},
+			jetstream.WithMsgTTL(ttlFor(left)), jetstream.WithExpectLastSequencePerSubject(rev))
+		if err != nil && !isWrongLastSeq(err) {
+			return repairs, fmt.Errorf("repair liveness key %s: %w", s.sensor, err)
+		}
+	}
+	return repairs, nil
+}
+
+// snapshotKeys reads the newest message of every key of the owned partitions.
+func (w *Watchdog) snapshotKeys(ctx context.Context) (map[string]keyState, error) {
+	out := map[string]keyState{}
+	s, err := w.js.Stream(ctx, kvStream)
+	if err != nil {
+		return nil, fmt.Errorf("liveness bucket: %w", err)
+	}
+	if s.CachedInfo().State.Msgs == 0 {
+		return out, nil
+	}
+	oc, err := w.js.OrderedConsumer(ctx, kvStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"$KV." + natsx.LivenessBucket + ".>"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read liveness bucket: %w", err)
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(2000))
+	if err != nil {
+		return nil, fmt.Errorf("read liveness bucket: %w", err)
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(10 * time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read liveness bucket: %w", err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			continue
+		}
+		if subj := m.Subject(); len(subj) > kvPrefixLen {
+			sensor := subj[kvPrefixLen:]
+			if w.owned[partition.Of(sensor, w.cfg.Partitions)] {
+				k := keyState{rev: md.Sequence.Stream}
+				if m.Headers().Get(jetstream.MarkerReasonHeader) != "" || m.Headers().Get("KV-Operation") != "" {
+					k.marker = true
+				} else {
+					var v keyValue
+					if json.Unmarshal(m.Data(), &v) == nil {
+						k.seq = v.Seq
+					}
+				}
+				out[sensor] = k
+			}
+		}
+		if md.NumPending == 0 {
+			return out, nil
+		}
+	}
+}

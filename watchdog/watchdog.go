@@ -1,0 +1,739 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+)
+
+// Config is what the watchdog needs besides its dependencies.
+type Config struct {
+	// Partitions is the partition count of READINGS (LOCKS_PARTITIONS).
+	Partitions int
+	// Owned is the partitions this process watches; empty means all.
+	Owned partition.Set
+	// LostAfter is the default silence after which a sensor is lost (LOCKS_LOST_AFTER).
+	LostAfter time.Duration
+	// SweepEvery is the period of the reconciliation sweep (default 5m).
+	SweepEvery time.Duration
+	// OverridesEvery is how often per-sensor lost_after overrides are reloaded (default 30s).
+	OverridesEvery time.Duration
+	// HoldCheckEvery is how often held expiries are re-examined (default 200ms).
+	HoldCheckEvery time.Duration
+	// Concurrency bounds the expiries examined at once (default 64).
+	Concurrency int
+	// Durable is the prefix of the READINGS consumer names (default "watchdog"): one per
+	// partition, "<Durable>-<p>".
+	Durable string
+}
+
+func (c *Config) setDefaults() {
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = 5 * time.Minute
+	}
+	if c.OverridesEvery <= 0 {
+		c.OverridesEvery = 30 * time.Second
+	}
+	if c.HoldCheckEvery <= 0 {
+		c.HoldCheckEvery = 200 * time.Millisecond
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 64
+	}
+	if c.Durable == "" {
+		c.Durable = "watchdog"
+	}
+	if len(c.Owned) == 0 {
+		c.Owned = partition.All(c.Partitions)
+	}
+}
+
+// Validate reports the first unusable value.
+func (c Config) Validate() error {
+	switch {
+	case c.Partitions < 1:
+		return fmt.Errorf("watchdog: partitions must be >= 1, got %d", c.Partitions)
+	case c.LostAfter < time.Second:
+		// Per-message TTLs are whole seconds on the server.
+		return fmt.Errorf("watchdog: lost_after must be >= 1s, got %s", c.LostAfter)
+	}
+	for _, p := range c.Owned {
+		if p < 0 || p >= c.Partitions {
+			return fmt.Errorf("watchdog: owned partition %d out of range 0-%d", p, c.Partitions-1)
+		}
+	}
+	return nil
+}
+
+// LagFunc tells whether the pipeline upstream of READINGS (the bridge and its RabbitMQ
+// queue) is behind: readings exist that are not in the log yet. An error counts as behind.
+type LagFunc func(ctx context.Context) (behind bool, err error)
+
+// Deps are the watchdog's dependencies; all are required.
+type Deps struct {
+	JS  jetstream.JetStream
+	PG  *pgxpool.Pool
+	Log *slog.Logger
+	Reg prometheus.Registerer
+	// Lag is asked before held expiries are declared; see RabbitLag.
+	Lag LagFunc
+}
+
+// Watchdog turns expired liveness keys into liveness_timeout facts. See the package doc.
+type Watchdog struct {
+	cfg   Config
+	js    jetstream.JetStream
+	pg    *pgxpool.Pool
+	log   *slog.Logger
+	lag   LagFunc
+	owned []bool
+
+	overrides atomic.Pointer[map[string]time.Duration]
+
+	// parts holds per-partition progress of the READINGS consumers.
+	parts map[int]*partState
+
+	mu   sync.Mutex
+	held map[string]candidate
+	wake chan struct{}
+
+	m metrics
+}
+
+// candidate is an expiry seen and not yet settled.
+type candidate struct {
+	rev uint64    // KV revision of the marker (0: found by the sweep, no marker)
+	at  time.Time // server time of the marker
+}
+
+type partState struct {
+	cons jetstream.Consumer
+	// doneTS is the stored time (unix ns) of the last READINGS message whose refresh is
+	// acknowledged: every reading stored before it has refreshed its key.
+	doneTS atomic.Int64
+	mu     sync.Mutex
+}
+
+type metrics struct {
+	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
+	held                                                                   prometheus.Gauge
+	delay                                                                  prometheus.Histogram
+}
+
+// ErrNilDep is returned by New for a missing dependency.
+var ErrNilDep = errors.New("watchdog: missing dependency")
+
+// New checks cfg and deps and builds a Watchdog; Run starts it.
+func New(cfg Config, d Deps) (*Watchdog, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case d.JS == nil:
+		return nil, fmt.Errorf("%w: JS", ErrNilDep)
+	case d.PG == nil:
+		return nil, fmt.Errorf("%w: PG", ErrNilDep)
+	case d.Log == nil:
+		return nil, fmt.Errorf("%w: Log", ErrNilDep)
+	case d.Reg == nil:
+		return nil, fmt.Errorf("%w: Reg", ErrNilDep)
+	case d.Lag == nil:
+		return nil, fmt.Errorf("%w: Lag", ErrNilDep)
+	}
+	w := &Watchdog{
+		cfg: cfg, js: d.JS, pg: d.PG, log: d.Log.With("part", "watchdog"), lag: d.Lag,
+		owned: make([]bool, cfg.Partitions),
+		parts: map[int]*partState{},
+		held:  map[string]candidate{},
+		wake:  make(chan struct{}, 1),
+	}
+	for _, p := range cfg.Owned {
+		w.owned[p] = true
+		w.parts[p] = &partState{}
+	}
+	empty := map[string]time.Duration{}
+	w.overrides.Store(&empty)
+	w.m = metrics{
+		refreshes:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_total", Help: "Liveness keys refreshed by readings."}),
+		expiries:         prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_total", Help: "Liveness key expiries (limit markers) seen."}),
+		facts:            prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_facts_total", Help: "liveness_timeout facts appended to READINGS."}),
+		refreshedOnCheck: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_refreshed_total", Help: "Expiries dropped because READINGS held a reading younger than lost_after (our own lag)."}),
+		alreadyDeclared:  prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_already_declared_total", Help: "Expiries dropped because the sensor's last message already is a liveness_timeout."}),
+		repairs:          prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_reconcile_repairs_total", Help: "Differences between sensor_state and liveness keys repaired by the sweep; should stay 0."}),
+		held:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiries", Help: "Expiries held until the pipeline is caught up."}),
+		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_declare_delay_seconds", Help: "From a sensor's deadline (last reading + lost_after) to its fact.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
+	}
+	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.delay} {
+		if err := d.Reg.Register(c); err != nil {
+			return nil, fmt.Errorf("watchdog metrics: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// Run consumes READINGS, watches the bucket, declares expiries and sweeps until ctx is done.
+func (w *Watchdog) Run(ctx context.Context) error {
+	for {
+		if err := w.loadOverrides(ctx); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			return ctx.Err()
+		} else {
+			w.log.Warn("loading lost_after overrides; retrying", "err", err)
+		}
+		sleep(ctx, time.Second)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for p, ps := range w.parts {
+		g.Go(func() error { return w.consume(gctx, p, ps) })
+	}
+	g.Go(func() error { return w.watch(gctx) })
+	g.Go(func() error { return w.declareLoop(gctx) })
+	g.Go(func() error {
+		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")
+	})
+	g.Go(func() error { return w.every(gctx, w.cfg.SweepEvery, w.sweepIfCaughtUp, "reconciliation sweep") })
+	err := g.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (w *Watchdog) every(ctx context.Context, d time.Duration, f func(context.Context) error, what string) error {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				w.log.Warn(what+" failed", "err", err)
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// lostAfter is the timeout in force for a sensor.
+func (w *Watchdog) lostAfter(sensor string) time.Duration {
+	if d, ok := (*w.overrides.Load())[sensor]; ok {
+		return d
+	}
+	return w.cfg.LostAfter
+}
+
+func (w *Watchdog) loadOverrides(ctx context.Context) error {
+	rows, err := w.pg.Query(ctx, `SELECT id, lost_after_ms FROM sensors WHERE lost_after_ms IS NOT NULL`)
+	if err != nil {
+		return fmt.Errorf("read sensors.lost_after_ms: %w", err)
+	}
+	defer rows.Close()
+	m := map[string]time.Duration{}
+	for rows.Next() {
+		var id string
+		var ms int64
+		if err := rows.Scan(&id, &ms); err != nil {
+			return fmt.Errorf("read sensors.lost_after_ms: %w", err)
+		}
+		d := time.Duration(ms) * time.Millisecond
+		if d < time.Second {
+			d = time.Second // the server's TTLs are whole seconds
+		}
+		m[id] = d
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read sensors.lost_after_ms: %w", err)
+	}
+	w.overrides.Store(&m)
+	return nil
+}
+
+// ttlFor is the TTL that makes the key expire lost_after after the reading was received:
+// what is left, rounded up to whole seconds (the server's unit) so it never expires early,
+// and at least 1 s so an already-overdue sensor expires at once and goes through the check.
+func ttlFor(left time.Duration) time.Duration {
+	s := (left + time.Second - 1) / time.Second
+	if s < 1 {
+		s = 1
+	}
+	return s * time.Second
+}
+
+// Key values. A refresh carries the reading's receive time and READINGS sequence; a
+// declared sensor's value (no TTL) carries "lost" and the same two, so a restart does not
+// declare it again and the sweep can compare.
+func encodeValue(received time.Time, seq uint64, lost bool) []byte {
+	b := make([]byte, 0, 64)
+	b = append(b, `{"received_ns":`...)
+	b = strconv.AppendInt(b, received.UnixNano(), 10)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	if lost {
+		b = append(b, `,"lost":true`...)
+	}
+	return append(b, '}')
+}
+
+type keyValue struct {
+	ReceivedNS int64  `json:"received_ns"`
+	Seq        uint64 `json:"seq"`
+	Lost       bool   `json:"lost"`
+}
+
+func kvSubject(sensor string) string { return "$KV." + natsx.LivenessBucket + "." + sensor }
+
+const kvStream = "KV_" + natsx.LivenessBucket
+
+func (w *Watchdog) refreshMsg(sensor string, received time.Time, seq uint64, now time.Time) (*nats.Msg, time.Duration) {
+	ttl := ttlFor(w.lostAfter(sensor) - now.Sub(received))
+	return &nats.Msg{Subject: kvSubject(sensor), Data: encodeValue(received, seq, false), Header: nats.Header{}}, ttl
+}
+
+// consume applies one partition of READINGS to the keys.
+func (w *Watchdog) consume(ctx context.Context, p int, ps *partState) error {
+	name := w.cfg.Durable + "-" + strconv.Itoa(p)
+	for ctx.Err() == nil {
+		cons, err := w.js.CreateOrUpdateConsumer(ctx, natsx.ReadingsStream, jetstream.ConsumerConfig{
+			Durable:       name,
+			Description:   "watchdog: refresh liveness keys",
+			FilterSubject: natsx.ReadingsPartitionFilter(p),
+			AckPolicy:     jetstream.AckAllPolicy,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckWait:       time.Minute,
+			MaxAckPending: 50000,
+		})
+		if err != nil {
+			w.log.Warn("create READINGS consumer; retrying", "consumer", name, "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		ps.mu.Lock()
+		ps.cons = cons
+		ps.mu.Unlock()
+		if err := w.consumeWith(ctx, cons, ps); err != nil && ctx.Err() == nil {
+			w.log.Warn("READINGS consumer stopped; restarting it", "consumer", name, "err", err)
+			sleep(ctx, time.Second)
+		}
+	}
+	return nil
+}
+
+type pending struct {
+	msg      jetstream.Msg
+	fut      jetstream.PubAckFuture // nil: nothing to wait for
+	put      *nats.Msg
+	ttl      time.Duration
+	storedNS int64
+}
+
+func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps *partState) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(2000))
+	if err != nil {
+		return fmt.Errorf("pull READINGS: %w", err)
+	}
+	defer it.Stop()
+	acks := make(chan pending, 4096)
+	ackDone := make(chan error, 1)
+	go func() { ackDone <- w.acker(ctx, acks, ps) }()
+	defer func() {
+		close(acks)
+		<-ackDone
+	}()
+	stopOnCancel := context.AfterFunc(ctx, it.Stop)
+	defer stopOnCancel()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return ctx.Err()
+			}
+			w.log.Debug("READINGS iterator", "err", err)
+			continue
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		pd := pending{msg: msg, storedNS: md.Timestamp.UnixNano()}
+		l, err := event.DecodeLog(msg.Data())
+		switch {
+		case err != nil:
+			w.log.Warn("undecodable READINGS message skipped", "seq", md.Sequence.Stream, "err", err)
+		case l.Kind == event.KindReading:
+			pd.put, pd.ttl = w.refreshMsg(l.SensorID, l.ReceivedTime, md.Sequence.Stream, time.Now())
+			pd.fut, err = w.js.PublishMsgAsync(pd.put, jetstream.WithMsgTTL(pd.ttl))
+			if err != nil {
+				pd.fut = nil // the acker publishes it synchronously, with retries
+			}
+		}
+		select {
+		case acks <- pd:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// acker waits for each refresh in order, then acks (AckAll) the newest message whose refresh
+// and every earlier one is stored.
+func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) error {
+	var last jetstream.Msg
+	n := 0
+	flush := func() {
+		if last != nil {
+			_ = last.Ack()
+			last = nil
+		}
+	}
+	for pd := range in {
+		if pd.put != nil {
+			ok := false
+			if pd.fut != nil {
+				select {
+				case <-pd.fut.Ok():
+					ok = true
+				case <-pd.fut.Err():
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			for !ok {
+				_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: pd.put.Subject, Data: pd.put.Data, Header: nats.Header{}}, jetstream.WithMsgTTL(pd.ttl))
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				w.log.Debug("refresh liveness key; retrying", "subject", pd.put.Subject, "err", err)
+				sleep(ctx, 200*time.Millisecond)
+			}
+			w.m.refreshes.Inc()
+		}
+		ps.doneTS.Store(pd.storedNS)
+		last = pd.msg
+		n++
+		if n%512 == 0 || len(in) == 0 {
+			flush()
+		}
+	}
+	flush()
+	return nil
+}
+
+// watch follows the bucket (headers only) for limit markers of owned sensors.
+func (w *Watchdog) watch(ctx context.Context) error {
+	for ctx.Err() == nil {
+		oc, err := w.js.OrderedConsumer(ctx, kvStream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{"$KV." + natsx.LivenessBucket + ".>"},
+			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+			HeadersOnly:    true,
+		})
+		if err != nil {
+			w.log.Warn("watch liveness bucket; retrying", "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		cc, err := oc.Consume(w.onKVMsg, jetstream.PullMaxMessages(4000))
+		if err != nil {
+			w.log.Warn("watch liveness bucket; retrying", "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		<-ctx.Done()
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return nil
+}
+
+const kvPrefixLen = len("$KV." + natsx.LivenessBucket + ".")
+
+func (w *Watchdog) onKVMsg(m jetstream.Msg) {
+	subj := m.Subject()
+	if len(subj) <= kvPrefixLen {
+		return
+	}
+	sensor := subj[kvPrefixLen:]
+	if !w.owned[partition.Of(sensor, w.cfg.Partitions)] {
+		return
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	h := m.Headers()
+	if h.Get(jetstream.MarkerReasonHeader) == "" {
+		// A value: whatever expiry we held for this key is superseded.
+		w.mu.Lock()
+		if c, ok := w.held[sensor]; ok && c.rev != 0 && c.rev < md.Sequence.Stream {
+			delete(w.held, sensor)
+		}
+		w.mu.Unlock()
+		return
+	}
+	w.m.expiries.Inc()
+	w.addCandidate(sensor, candidate{rev: md.Sequence.Stream, at: md.Timestamp})
+}
+
+func (w *Watchdog) addCandidate(sensor string, c candidate) {
+	w.mu.Lock()
+	w.held[sensor] = c
+	n := len(w.held)
+	w.mu.Unlock()
+	w.m.held.Set(float64(n))
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// declareLoop examines the held expiries whenever one arrives and every HoldCheckEvery.
+func (w *Watchdog) declareLoop(ctx context.Context) error {
+	t := time.NewTicker(w.cfg.HoldCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-w.wake:
+			// Let a burst of markers gather into one round.
+			sleep(ctx, 20*time.Millisecond)
+		}
+		if err := w.declareRound(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("examining expiries", "err", err)
+		}
+	}
+}
+
+// ErrBehind says the pipeline is not caught up.
+var ErrBehind = errors.New("pipeline is behind")
+
+func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
+	behind, err := w.lag(ctx)
+	if err != nil {
+		w.log.Warn("upstream lag unknown; holding expiries", "err", err)
+		return true
+	}
+	return behind
+}
+
+// caughtUp reports, per partition, the stored time up to which every reading has refreshed
+// its key (math.MaxInt64 when the consumer has nothing pending at all).
+func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
+	out := map[int]int64{}
+	for p := range parts {
+		ps := w.parts[p]
+		ps.mu.Lock()
+		cons := ps.cons
+		ps.mu.Unlock()
+		if cons == nil {
+			out[p] = 0
+			continue
+		}
+		done := ps.doneTS.Load()
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			out[p] = int64(^uint64(0) >> 1)
+		} else {
+			out[p] = done
+		}
+	}
+	return out, nil
+}
+
+func (w *Watchdog) declareRound(ctx context.Context) error {
+	w.mu.Lock()
+	if len(w.held) == 0 {
+		w.mu.Unlock()
+		return nil
+	}
+	parts := map[int]bool{}
+	for s := range w.held {
+		parts[partition.Of(s, w.cfg.Partitions)] = true
+	}
+	w.mu.Unlock()
+	if w.upstreamBehind(ctx) {
+		return nil
+	}
+	upTo, err := w.caughtUp(ctx, parts)
+	if err != nil {
+		return err
+	}
+	// Take the expiries whose partition has applied every reading stored before them.
+	type job struct {
+		sensor string
+		c      candidate
+	}
+	var jobs []job
+	w.mu.Lock()
+	for s, c := range w.held {
+		if c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.Partitions)] {
+			jobs = append(jobs, job{s, c})
+			delete(w.held, s)
+		}
+	}
+	w.m.held.Set(float64(len(w.held)))
+	w.mu.Unlock()
+	if len(jobs) == 0 {
+		return nil
+	}
+	readings, err := w.js.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		w.requeue(jobs[0].sensor, jobs[0].c)
+		for _, j := range jobs[1:] {
+			w.requeue(j.sensor, j.c)
+		}
+		return fmt.Errorf("READINGS: %w", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(w.cfg.Concurrency)
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for _, j := range jobs {
+		g.Go(func() error {
+			if err := w.settle(gctx, readings, j.sensor, j.c); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+				w.requeue(j.sensor, j.c)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
+	}
+	return nil
+}
+
+// requeue puts back an expiry that could not be settled, unless a newer one came meanwhile.
+func (w *Watchdog) requeue(sensor string, c candidate) {
+	w.mu.Lock()
+	if _, ok := w.held[sensor]; !ok {
+		w.held[sensor] = c
+	}
+	w.mu.Unlock()
+}
+
+// FactMsgID is the Nats-Msg-Id of the liveness_timeout fact that follows the reading at
+// READINGS sequence seq: the same expiry appended twice is stored once.
+func FactMsgID(sensor string, seq uint64) string {
+	return "liveness:" + sensor + ":" + strconv.FormatUint(seq, 10)
+}
+
+// settle decides one expiry from the sensor's last message in READINGS.
+func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) error {
+	p := partition.Of(sensor, w.cfg.Partitions)
+	last, err := readings.GetLastMsgForSubject(ctx, "readings."+strconv.Itoa(p)+"."+sensor)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // nothing was ever read from it: nothing to declare
+	}
+	if err != nil {
+		return fmt.Errorf("last READINGS message of %s: %w", sensor, err)
+	}
+	l, err := event.DecodeLog(last.Data)
+	if err != nil {
+		w.log.Warn("last READINGS message undecodable; expiry dropped", "sensor", sensor, "seq", last.Sequence, "err", err)
+		return nil
+	}
+	expect := []jetstream.PublishOpt{}
+	if c.rev != 0 {
+		expect = append(expect, jetstream.WithExpectLastSequencePerSubject(c.rev))
+	}
+	if l.Kind == event.KindLivenessTimeout {
+		w.m.alreadyDeclared.Inc()
+		// Declared before (e.g. we stopped before marking the key): mark it now.
+		return w.markDeclared(ctx, sensor, last, expect)
+	}
+	lostAfter := w.lostAfter(sensor)
+	now := time.Now()
+	if left := lostAfter - now.Sub(l.ReceivedTime); left > 0 {
+		// A reading younger than lost_after: the key expired because we were behind.
+		w.m.refreshedOnCheck.Inc()
+		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, false), Header: nats.Header{}},
+			append(expect, jetstream.WithMsgTTL(ttlFor(left)))...)
+		if isWrongLastSeq(err) {
+			return nil // refreshed meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("refresh %s: %w", sensor, err)
+		}
+		return nil
+	}
+	fact := event.Log{V: event.Version, Kind: event.KindLivenessTimeout, SensorID: sensor, ReceivedTime: now.UTC(), LostAfter: lostAfter}
+	body, err := jsonFact(fact)
+	if err != nil {
+		return err
+	}
+	if _, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: body, Header: nats.Header{}},
+		jetstream.WithMsgID(FactMsgID(sensor, last.Sequence))); err != nil {
+		return fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
+	}
+	w.m.facts.Inc()
+	w.m.delay.Observe(now.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
+	crashpoint.Hit("watchdog.after_fact")
+	return w.markDeclared(ctx, sensor, last, expect)
+}
+
+func (w *Watchdog) markDeclared(ctx context.Context, sensor string, last *jetstream.RawStreamMsg, expect []jetstream.PublishOpt) error {
+	received := last.Time
+	if l, err := event.DecodeLog(last.Data); err == nil && l.Kind == event.KindReading {
+		received = l.ReceivedTime
+	}
+	_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(sensor), Data: encodeValue(received, last.Sequence, true), Header: nats.Header{}}, expect...)
+	if err != nil && !isWrongLastSeq(err) {
+		return fmt.Errorf("mark %s declared: %w", sensor, err)
+	}
+	return nil
+}
+
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+func jsonFact(l event.Log) ([]byte, error) {
+	b, err := json.Marshal(l)
+	if err != nil {
+		return nil, fmt.Errorf("encode liveness_timeout: %w", err)
+	}
+	return b, nil
+}

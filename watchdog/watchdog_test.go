@@ -1,0 +1,351 @@
+package watchdog
+
+import (
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+const lostAfter = 3 * time.Second
+
+// checkOnTime asserts that sensor got exactly one fact, between lo and hi after last.
+func checkOnTime(t *testing.T, f *facts, sensor string, last time.Time, lo, hi time.Duration, want time.Duration) {
+	t.Helper()
+	got, ok := f.waitFact(sensor, last.Add(hi+time.Second))
+	if !ok {
+		t.Fatalf("%s: no liveness_timeout within %s of its last reading", sensor, hi+time.Second)
+	}
+	for what, d := range map[string]time.Duration{"fact received_time": got.fact.ReceivedTime.Sub(last), "fact in READINGS": got.seen.Sub(last)} {
+		if d < lo || d > hi {
+			t.Errorf("%s: %s %s after the last reading, want within [%s, %s]", sensor, what, d, lo, hi)
+		} else {
+			t.Logf("%s: %s %s after the last reading", sensor, what, d.Round(time.Millisecond))
+		}
+	}
+	if got.fact.LostAfter != want || got.fact.V != event.Version {
+		t.Errorf("%s: fact %+v, want v%d lost_after %s", sensor, got.fact, event.Version, want)
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, lostAfter)
+	ctx := t.Context()
+	// Per-sensor override, as the admin API writes it.
+	if _, err := e.pg.Exec(ctx, `INSERT INTO sensors (id, address, lost_after_ms) VALUES ('slow', 'x', 5000)`); err != nil {
+		t.Fatal(err)
+	}
+	f := e.collectFacts()
+	e.start(Config{LostAfter: lostAfter})
+
+	cases := []struct {
+		name      string
+		sensor    string
+		every     time.Duration // 0: one reading, then silence
+		count     int
+		wantLost  bool
+		lostAfter time.Duration
+	}{
+		{name: "silent sensor", sensor: "silent1", wantLost: true, lostAfter: lostAfter},
+		{name: "another silent sensor", sensor: "SILENT2", wantLost: true, lostAfter: lostAfter},
+		{name: "sensor reporting every second", sensor: "chatty", every: time.Second, count: 9},
+		{name: "override lost_after 5s", sensor: "slow", wantLost: true, lostAfter: 5 * time.Second},
+		{name: "override: reporting every 4s", sensor: "slowchatty", every: 4 * time.Second, count: 3, lostAfter: 5 * time.Second},
+	}
+	if _, err := e.pg.Exec(ctx, `INSERT INTO sensors (id, address, lost_after_ms) VALUES ('slowchatty', 'x', 5000)`); err != nil {
+		t.Fatal(err)
+	}
+	// Let the watchdog read the overrides (it loads them before it consumes anything).
+	var wg sync.WaitGroup
+	lasts := make([]time.Time, len(cases))
+	for i, c := range cases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lasts[i] = e.reading(c.sensor)
+			for n := 1; n < c.count; n++ {
+				time.Sleep(c.every)
+				lasts[i] = e.reading(c.sensor)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.wantLost {
+				checkOnTime(t, f, c.sensor, lasts[i], c.lostAfter, c.lostAfter+1500*time.Millisecond, c.lostAfter)
+				return
+			}
+			// While it kept reporting there was no fact.
+			for _, s := range f.of(c.sensor) {
+				if s.fact.ReceivedTime.Before(lasts[i]) {
+					t.Errorf("%s got a liveness_timeout at %s while reporting (last reading %s)", c.sensor, s.fact.ReceivedTime, lasts[i])
+				}
+			}
+		})
+	}
+	// A repeated expiry check of an already declared sensor appends nothing.
+	t.Run("declared sensor is not declared again", func(t *testing.T) {
+		time.Sleep(2 * time.Second)
+		if n := len(f.of("silent1")); n != 1 {
+			t.Errorf("silent1 has %d facts, want 1", n)
+		}
+	})
+}
+
+// TestSettleIsIdempotent runs the same expiry through settle twice, as a crash between the
+// append and the key update would on restart: one fact.
+func TestSettleIsIdempotent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, lostAfter)
+	f := e.collectFacts()
+	// Not running: settle is driven by hand.
+	w, err := New(Config{Partitions: testPartitions, LostAfter: lostAfter},
+		Deps{JS: e.nats.JS, PG: e.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry(), Lag: e.lag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	e.reading("dup")
+	s, err := e.nats.JS.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.settle(ctx, s, "dup", candidate{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.of("dup")); n != 0 {
+		t.Fatalf("%d facts before lost_after, want 0", n)
+	}
+	time.Sleep(lostAfter)
+	// Concurrent and repeated settling of the same expiry, as a restart would redo it.
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.settle(ctx, s, "dup", candidate{}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := w.settle(ctx, s, "dup", candidate{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(f.of("dup")) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(f.of("dup")); n != 1 {
+		t.Fatalf("%d facts for one expiry, want 1", n)
+	}
+}
+
+func TestRestartsDuringCountdown(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		restart func(e *env, stopWatchdog func()) func()
+	}{
+		{name: "watchdog restarted", restart: func(e *env, stop func()) func() {
+			stop()
+			time.Sleep(time.Second)
+			_, _, stop2 := e.start(Config{LostAfter: lostAfter})
+			return stop2
+		}},
+		{name: "NATS restarted", restart: func(e *env, stop func()) func() {
+			e.nats.Restart(500 * time.Millisecond)
+			return stop
+		}},
+		{name: "watchdog down across the deadline", restart: func(e *env, stop func()) func() {
+			stop()
+			time.Sleep(2500 * time.Millisecond) // the key expires while nobody watches
+			_, _, stop2 := e.start(Config{LostAfter: lostAfter})
+			return stop2
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, lostAfter)
+			f := e.collectFacts()
+			_, _, stop := e.start(Config{LostAfter: lostAfter})
+			e.reading("warm") // the watchdog is running and caught up
+			last := e.reading("victim")
+			time.Sleep(800 * time.Millisecond)
+			stop = c.restart(e, stop)
+			defer stop()
+			checkOnTime(t, f, "victim", last, lostAfter, lostAfter+1500*time.Millisecond, lostAfter)
+			// Once: nothing more comes.
+			time.Sleep(2 * time.Second)
+			if n := len(f.of("victim")); n != 1 {
+				t.Errorf("victim has %d facts, want 1", n)
+			}
+		})
+	}
+}
+
+// TestHeldWhileBridgeBehind stops the bridge for 3 × lost_after while one sensor keeps
+// publishing to RabbitMQ and another has really stopped: the keys of both expire, both are
+// held; after the bridge drains the backlog only the stopped one is declared.
+func TestHeldWhileBridgeBehind(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, lostAfter)
+	f := e.collectFacts()
+	_, reg, _ := e.start(Config{LostAfter: lostAfter})
+	e.publishRabbit("keeps", 0)
+	e.publishRabbit("stopped", 0)
+	// Both readings are through the bridge and refreshed.
+	deadline := time.Now().Add(10 * time.Second)
+	for counter(t, reg, "locks_watchdog_refreshes_total") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two readings did not reach the watchdog")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stoppedLast := time.Now()
+	e.stopBridge()
+	outage := 3 * lostAfter
+	end := time.Now().Add(outage)
+	for n := 1; time.Now().Before(end); n++ {
+		time.Sleep(time.Second)
+		e.publishRabbit("keeps", n)
+	}
+	if got := counter(t, reg, "locks_watchdog_expiries_total"); got < 2 {
+		t.Errorf("%v expiries seen during the outage, want both keys expired (>= 2)", got)
+	}
+	if len(f.all) != 0 {
+		t.Fatalf("facts appended while the bridge was behind: %+v", f.all)
+	}
+	restarted := time.Now()
+	e.startBridge()
+	got, ok := f.waitFact("stopped", restarted.Add(5*time.Second))
+	if !ok {
+		t.Fatal("the sensor that really stopped was not declared after catch-up")
+	}
+	if got.fact.ReceivedTime.Before(restarted) || got.fact.ReceivedTime.Sub(stoppedLast) < lostAfter {
+		t.Errorf("fact at %s: before the bridge restart %s, or less than lost_after after the last reading %s", got.fact.ReceivedTime, restarted, stoppedLast)
+	}
+	// The one that kept publishing: no fact, even a lost_after after catch-up (its last
+	// queued reading keeps it alive until then).
+	time.Sleep(lostAfter / 2)
+	if n := len(f.of("keeps")); n != 0 {
+		t.Errorf("the sensor that kept publishing got %d liveness_timeout facts", n)
+	}
+	if n := len(f.of("stopped")); n != 1 {
+		t.Errorf("the stopped sensor got %d facts, want 1", n)
+	}
+	// Its key is alive again, refreshed by the drained backlog.
+	kv, err := e.nats.JS.KeyValue(t.Context(), natsx.LivenessBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(t.Context(), "keeps"); err != nil {
+		t.Errorf("key of the publishing sensor after catch-up: %v, want a live value", err)
+	}
+}
+
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, time.Minute)
+	ctx := t.Context()
+	w, reg, _ := e.start(Config{LostAfter: time.Minute})
+	insert := func(sensor string, lastSeen time.Time, seq uint64) {
+		t.Helper()
+		if _, err := e.pg.Exec(ctx, `INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, last_seq)
+			VALUES ($1, 0, 1, $2, $2, $2, 1, $3)`, sensor, lastSeen, int64(seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Consistent: a reading the watchdog applied, and the projection with it.
+	e.reading("ok")
+	deadline := time.Now().Add(10 * time.Second)
+	for counter(t, reg, "locks_watchdog_refreshes_total") < 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	kv, err := e.nats.JS.KeyValue(ctx, natsx.LivenessBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := kv.Get(ctx, "ok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v keyValue
+	if err := json.Unmarshal(entry.Value(), &v); err != nil {
+		t.Fatal(err)
+	}
+	insert("ok", time.Unix(0, v.ReceivedNS), v.Seq)
+	n, err := w.Sweep(ctx)
+	if err != nil || n != 0 {
+		t.Fatalf("sweep of a consistent state: %d repairs, %v; want 0", n, err)
+	}
+	// A sensor the projection saw 10 s ago whose key is missing: recreated with ~50 s left.
+	seen := time.Now().Add(-10 * time.Second)
+	insert("nokey", seen, 12345)
+	n, err = w.Sweep(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("sweep with a missing key: %d repairs, %v; want 1", n, err)
+	}
+	entry, err = kv.Get(ctx, "nokey")
+	if err != nil {
+		t.Fatalf("key not recreated: %v", err)
+	}
+	if err := json.Unmarshal(entry.Value(), &v); err != nil || v.Seq != 12345 || v.ReceivedNS != seen.Truncate(time.Microsecond).UnixNano() {
+		t.Errorf("recreated key %s, want seq 12345 received %d", entry.Value(), seen.UnixNano())
+	}
+	if got := counter(t, reg, "locks_watchdog_reconcile_repairs_total"); got != 1 {
+		t.Errorf("repairs metric %v, want 1", got)
+	}
+	if n, err := w.Sweep(ctx); err != nil || n != 0 {
+		t.Errorf("second sweep: %d repairs, %v; want 0", n, err)
+	}
+}
+
+func TestNewRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		cfg  Config
+		deps Deps
+	}{
+		{"no deps", Config{Partitions: 1, LostAfter: time.Second}, Deps{}},
+		{"lost_after under a second", Config{Partitions: 1, LostAfter: 500 * time.Millisecond}, Deps{}},
+		{"owned partition out of range", Config{Partitions: 2, Owned: []int{2}, LostAfter: time.Second}, Deps{}},
+		{"no partitions", Config{LostAfter: time.Second}, Deps{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := New(c.cfg, c.deps); err == nil {
+				t.Fatal("New accepted it")
+			}
+		})
+	}
+}
+
+func TestTTLFor(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		left, want time.Duration
+	}{
+		{3 * time.Second, 3 * time.Second},
+		{2900 * time.Millisecond, 3 * time.Second},
+		{3001 * time.Millisecond, 4 * time.Second},
+		{0, time.Second},
+		{-time.Hour, time.Second},
+	}
+	for _, c := range cases {
+		if got := ttlFor(c.left); got != c.want {
+			t.Errorf("ttlFor(%s) = %s, want %s", c.left, got, c.want)
+		}
+	}
+}
