@@ -216,8 +216,12 @@ func (s *State) runPartition(ctx context.Context, p int) error {
 			if err == nil {
 				crashpoint.Hit(CrashStateAfterCommit)
 				s.nudge(p)
-				// AckAll: the last message acks the batch.
-				if aerr := good[len(good)-1].DoubleAck(actx); aerr != nil {
+				// AckAll: the last message acks the batch. A lost ack reply (NATS restarting)
+				// must not hold the partition: the checkpoint makes a missing ack harmless.
+				ackCtx, ackCancel := context.WithTimeout(actx, 5*time.Second)
+				aerr := good[len(good)-1].DoubleAck(ackCtx)
+				ackCancel()
+				if aerr != nil {
 					w.log.Debug("ack batch; the consumer will be recreated from the checkpoint", "err", aerr)
 					gap = true
 				}
