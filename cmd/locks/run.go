@@ -144,6 +144,8 @@ func buildPart(name string, d deps) (runner, error) {
 	case "state":
 		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
+	case "history":
+		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions}, d.js, d.ch, d.log, d.reg)
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
 		// beyond the bridge's prefetch window; expiries wait for it.
