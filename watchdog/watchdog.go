@@ -39,6 +39,10 @@ type Config struct {
 	HoldCheckEvery time.Duration
 	// Concurrency bounds the expiries examined at once (default 64).
 	Concurrency int
+	// CatchUpGrace is how long the upstream must have been caught up after it was behind
+	// before held expiries are declared (default 2s): a drained queue's last messages may
+	// still be on their way through the bridge into READINGS.
+	CatchUpGrace time.Duration
 	// Durable is the prefix of the READINGS consumer names (default "watchdog"): one per
 	// partition, "<Durable>-<p>".
 	Durable string
@@ -56,6 +60,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 64
+	}
+	if c.CatchUpGrace <= 0 {
+		c.CatchUpGrace = 2 * time.Second
 	}
 	if c.Durable == "" {
 		c.Durable = "watchdog"
@@ -109,6 +116,11 @@ type Watchdog struct {
 
 	// parts holds per-partition progress of the READINGS consumers.
 	parts map[int]*partState
+
+	// lastBehind is when the upstream was last seen behind; lagErr whether the last ask failed.
+	lagMu      sync.Mutex
+	lastBehind time.Time
+	lagErr     bool
 
 	mu   sync.Mutex
 	held map[string]candidate
@@ -544,11 +556,23 @@ var ErrBehind = errors.New("pipeline is behind")
 
 func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
 	behind, err := w.lag(ctx)
+	now := time.Now()
+	w.lagMu.Lock()
+	defer w.lagMu.Unlock()
 	if err != nil {
-		w.log.Warn("upstream lag unknown; holding expiries", "err", err)
+		if !w.lagErr {
+			w.log.Warn("upstream lag unknown; holding expiries", "err", err)
+		}
+		w.lagErr, behind = true, true
+	} else if w.lagErr {
+		w.lagErr = false
+		w.log.Info("upstream lag known again")
+	}
+	if behind {
+		w.lastBehind = now
 		return true
 	}
-	return behind
+	return !w.lastBehind.IsZero() && now.Sub(w.lastBehind) < w.cfg.CatchUpGrace
 }
 
 // caughtUp reports, per partition, the stored time up to which every reading has refreshed
@@ -579,8 +603,10 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 }
 
 func (w *Watchdog) declareRound(ctx context.Context) error {
+	// Asked every round, so that a recovery is seen even while nothing is held.
+	behind := w.upstreamBehind(ctx)
 	w.mu.Lock()
-	if len(w.held) == 0 {
+	if len(w.held) == 0 || behind {
 		w.mu.Unlock()
 		return nil
 	}
@@ -589,9 +615,6 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		parts[partition.Of(s, w.cfg.Partitions)] = true
 	}
 	w.mu.Unlock()
-	if w.upstreamBehind(ctx) {
-		return nil
-	}
 	upTo, err := w.caughtUp(ctx, parts)
 	if err != nil {
 		return err
