@@ -615,7 +615,11 @@ func (n *Notifier) relayOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
-		obs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])
+		obs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
+			var o outboxRow
+			err := r.Scan(&o.id, &o.clientID, &o.msgID, &o.payload)
+			return o, err
+		})
 		if err != nil || len(obs) == 0 {
 			return err
 		}

@@ -188,6 +188,9 @@ const eligible = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until 
 // two revisions of one key in flight (the second would see the first's committed lease).
 func claim(ctx context.Context, db DB, busy []string, perClient, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
+	if busy == nil {
+		busy = []string{} // a nil slice is SQL NULL, and x = ANY(NULL) is never false
+	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			SELECT id FROM (
@@ -321,7 +324,11 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 			state    string
 			attempts int
 		}
-		fins, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fin])
+		fins, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (fin, error) {
+			var f fin
+			err := r.Scan(&f.id, &f.state, &f.attempts)
+			return f, err
+		})
 		if err != nil {
 			return err
 		}
