@@ -23,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/api"
 	"github.com/lock-sensors/lock-sensors/bridge"
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -152,6 +153,16 @@ func buildPart(name string, d deps) (runner, error) {
 		return watchdog.New(watchdog.Config{Partitions: d.cfg.Partitions, Owned: d.partitions, LostAfter: d.cfg.LostAfter},
 			watchdog.Deps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg,
 				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond)})
+	case "api":
+		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
+			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg})
+		if err != nil {
+			return nil, err
+		}
+		h := a.Handler()
+		d.ops.Handle("/v1/", h)
+		d.ops.Handle("GET /openapi.json", h)
+		return a, nil
 	default:
 		return nil, errNotBuilt
 	}

@@ -1,0 +1,189 @@
+// Package api serves the admin API of CONTRACT.md section 3: gRPC services of package
+// locks.v1 for clients, sensors, subscriptions, state and history, and the same calls as REST
+// under /v1 through grpc-gateway, with /openapi.json describing them.
+//
+// REST requests are forwarded to the gRPC server over an in-process connection, so that one
+// interceptor authenticates every call (bearer tokens of LOCKS_API_TOKENS), turns errors into
+// gRPC codes (statusOf, the one place where codes are chosen) and counts it. Registry
+// resources carry an etag for conditional updates and deletes; lists page with opaque keyset
+// tokens.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
+)
+
+// Config is the API's part of the configuration.
+type Config struct {
+	// GRPCAddr is where Run serves gRPC (LOCKS_GRPC_ADDR).
+	GRPCAddr string
+	// Tokens are the accepted bearer tokens (LOCKS_API_TOKENS); none means every call is refused.
+	Tokens []string
+	// WebhookAllowPrivate allows webhook URLs on loopback and private addresses
+	// (LOCKS_WEBHOOK_ALLOW_PRIVATE).
+	WebhookAllowPrivate bool
+}
+
+// Validate reports the first wrong field.
+func (c Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
+		return fmt.Errorf("api: GRPCAddr %q must be host:port", c.GRPCAddr)
+	}
+	for _, t := range c.Tokens {
+		if len(t) < 16 {
+			return errors.New("api: every token must have at least 16 characters")
+		}
+	}
+	return nil
+}
+
+// Deps are what the API is built from.
+type Deps struct {
+	// DB is Postgres with the registry and the state projection.
+	DB DB
+	// Logger gets the API's log lines.
+	Logger *slog.Logger
+	// Registerer gets the API's metrics.
+	Registerer prometheus.Registerer
+	// Resolver looks up webhook hosts; nil means net.DefaultResolver.
+	Resolver Resolver
+}
+
+// Server is the admin API.
+type Server struct {
+	cfg      Config
+	db       DB
+	log      *slog.Logger
+	resolver Resolver
+	auth     *authenticator
+	metrics  *metrics
+
+	grpc    *grpc.Server
+	mem     *bufconn.Listener // the gateway's in-process connection to grpc
+	conn    *grpc.ClientConn
+	handler http.Handler
+
+	serveOnce sync.Once
+}
+
+// New builds the API; nothing is listened on until Run (or Serve).
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case deps.DB == nil:
+		return nil, errors.New("api: Deps.DB is nil")
+	case deps.Logger == nil:
+		return nil, errors.New("api: Deps.Logger is nil")
+	case deps.Registerer == nil:
+		return nil, errors.New("api: Deps.Registerer is nil")
+	}
+	m, err := newMetrics(deps.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver,
+		auth: newAuthenticator(cfg.Tokens), metrics: m,
+		mem: bufconn.Listen(1 << 20),
+	}
+	if s.resolver == nil {
+		s.resolver = net.DefaultResolver
+	}
+	s.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(s.unary),
+		grpc.ChainStreamInterceptor(s.stream),
+		grpc.MaxRecvMsgSize(1<<20),
+	)
+	locksv1.RegisterClientServiceServer(s.grpc, &clientService{s: s})
+	locksv1.RegisterSensorServiceServer(s.grpc, &sensorService{s: s})
+	locksv1.RegisterSubscriptionServiceServer(s.grpc, &subscriptionService{s: s})
+	locksv1.RegisterStateServiceServer(s.grpc, &stateService{s: s})
+	locksv1.RegisterHistoryServiceServer(s.grpc, &historyService{s: s})
+
+	s.conn, err = grpc.NewClient("passthrough:///locks-api-in-process",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.mem.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("api: in-process gRPC connection: %w", err)
+	}
+	gw, err := newGateway(s.conn)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", gw)
+	mux.HandleFunc("GET /openapi.json", serveOpenAPI)
+	s.handler = mux
+	return s, nil
+}
+
+// Handler serves the REST API under /v1/ and its description at GET /openapi.json. Mount it
+// on both patterns; it answers once Run (or Serve) is serving.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Run serves gRPC on Config.GRPCAddr until ctx is done.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("LOCKS_GRPC_ADDR=%s: %w", s.cfg.GRPCAddr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// shutdownGrace bounds how long calls under way get to finish at shutdown.
+const shutdownGrace = 5 * time.Second
+
+// Serve serves gRPC on ln (and the gateway's in-process connection) until ctx is done, then
+// lets calls under way finish for a bounded time. It may be called once.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	first := false
+	s.serveOnce.Do(func() { first = true })
+	if !first {
+		_ = ln.Close()
+		return errors.New("api: Serve called twice")
+	}
+	if len(s.cfg.Tokens) == 0 {
+		s.log.Warn("no API token configured: every API call will be refused; set LOCKS_API_TOKENS to a comma-separated list of bearer tokens")
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(s.mem) }()
+	go func() { errc <- s.grpc.Serve(ln) }()
+	s.log.Info("gRPC listening", "addr", ln.Addr().String(), "tokens", len(s.cfg.Tokens))
+	var err error
+	select {
+	case err = <-errc:
+		err = fmt.Errorf("gRPC server: %w", err)
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(shutdownGrace):
+		s.grpc.Stop()
+		<-stopped
+	}
+	_ = s.conn.Close()
+	return err
+}
+
+func (s *Server) checkWebhookURL(ctx context.Context, raw string) error {
+	return checkWebhookURL(ctx, raw, s.cfg.WebhookAllowPrivate, s.resolver)
+}

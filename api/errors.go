@@ -1,0 +1,141 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The handlers return these (wrapped, or as the typed errors below); statusOf turns them into
+// gRPC codes, and httpStatus turns codes into HTTP statuses. Nothing else picks a code.
+var (
+	// ErrInvalid marks a request that is wrong in itself (400 / INVALID_ARGUMENT).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotFound marks a missing resource (404 / NOT_FOUND).
+	ErrNotFound = errors.New("not found")
+	// ErrExists marks a resource that exists already (409 / ALREADY_EXISTS).
+	ErrExists = errors.New("already exists")
+	// ErrStale marks an etag that is not the resource's current one (412 / FAILED_PRECONDITION).
+	ErrStale = errors.New("stale etag")
+	// ErrUnauthenticated marks a call without a valid bearer token (401 / UNAUTHENTICATED).
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrUnimplemented marks a call whose implementation is not there yet (501 / UNIMPLEMENTED).
+	ErrUnimplemented = errors.New("not implemented")
+)
+
+// FieldError is an invalid request field; Field is its name as a REST caller writes it.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Unwrap makes a FieldError an ErrInvalid.
+func (e *FieldError) Unwrap() error { return ErrInvalid }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// NotFoundError names the missing resource.
+type NotFoundError struct {
+	Kind string // "sensor", "client", "subscription", "state"
+	ID   string
+}
+
+func (e *NotFoundError) Error() string {
+	switch e.Kind {
+	case "state":
+		return fmt.Sprintf("sensor %q has no state: no reading of it was ever received", e.ID)
+	case "subscription":
+		return fmt.Sprintf("no subscription %s", e.ID)
+	}
+	return fmt.Sprintf("%s %q not found", e.Kind, e.ID)
+}
+
+// Unwrap makes a NotFoundError an ErrNotFound.
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// ExistsError names the resource that exists already.
+type ExistsError struct {
+	Kind string
+	ID   string
+}
+
+func (e *ExistsError) Error() string { return fmt.Sprintf("%s %q already exists", e.Kind, e.ID) }
+
+// Unwrap makes an ExistsError an ErrExists.
+func (e *ExistsError) Unwrap() error { return ErrExists }
+
+// StaleError is a conditional change whose etag is not the resource's current one.
+type StaleError struct {
+	Kind string
+	ID   string
+	Etag string // the one the caller sent
+}
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("%s %q has changed since etag %q: read it again and retry with its current etag", e.Kind, e.ID, e.Etag)
+}
+
+// Unwrap makes a StaleError an ErrStale.
+func (e *StaleError) Unwrap() error { return ErrStale }
+
+// statusOf is the one place where errors become gRPC codes. Anything it does not know is an
+// internal error whose details stay in the log, not in the answer.
+func statusOf(err error) (st *status.Status, internal bool) {
+	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+		return s, false
+	}
+	var fe *FieldError
+	var stale *StaleError
+	switch {
+	case errors.As(err, &fe):
+		s := status.New(codes.InvalidArgument, err.Error())
+		if d, derr := s.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: fe.Field, Description: fe.Reason},
+		}}); derr == nil {
+			s = d
+		}
+		return s, false
+	case errors.Is(err, ErrInvalid):
+		return status.New(codes.InvalidArgument, err.Error()), false
+	case errors.As(err, &stale):
+		s := status.New(codes.FailedPrecondition, err.Error())
+		if d, derr := s.WithDetails(&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
+			{Type: "ETAG", Subject: stale.Kind + "/" + stale.ID, Description: "etag " + stale.Etag + " is not current"},
+		}}); derr == nil {
+			s = d
+		}
+		return s, false
+	case errors.Is(err, ErrNotFound):
+		return status.New(codes.NotFound, err.Error()), false
+	case errors.Is(err, ErrExists):
+		return status.New(codes.AlreadyExists, err.Error()), false
+	case errors.Is(err, ErrUnauthenticated):
+		return status.New(codes.Unauthenticated, err.Error()), false
+	case errors.Is(err, ErrUnimplemented):
+		return status.New(codes.Unimplemented, err.Error()), false
+	case errors.Is(err, context.Canceled):
+		return status.New(codes.Canceled, "request canceled"), false
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.New(codes.DeadlineExceeded, "deadline exceeded"), false
+	}
+	return status.New(codes.Internal, "internal error; the server log has the details"), true
+}
+
+// httpStatus is the HTTP status of a gRPC code: the gateway's mapping, except that a stale
+// etag (the only FAILED_PRECONDITION this API returns) is 412 Precondition Failed.
+func httpStatus(c codes.Code) int {
+	if c == codes.FailedPrecondition {
+		return http.StatusPreconditionFailed
+	}
+	return runtime.HTTPStatusFromCode(c)
+}

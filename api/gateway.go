@@ -1,0 +1,95 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
+)
+
+// maxBodyBytes bounds a REST request body; the largest valid one is a few KiB.
+const maxBodyBytes = 1 << 20
+
+// newGateway is the REST API: JSON with the proto field names (lower_snake_case), enums by
+// name, zero values shown (data 0 is a state, not an absence), unknown fields refused, and
+// errors as {code, message, details} with the HTTP status of httpStatus.
+func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
+	mux := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true},
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}),
+		runtime.WithErrorHandler(errorHandler),
+		runtime.WithForwardResponseOption(etagHeader),
+	)
+	ctx := context.Background() // only kept by the handlers for cancellation; they have none
+	for _, reg := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
+		locksv1.RegisterClientServiceHandler,
+		locksv1.RegisterSensorServiceHandler,
+		locksv1.RegisterSubscriptionServiceHandler,
+		locksv1.RegisterStateServiceHandler,
+		locksv1.RegisterHistoryServiceHandler,
+	} {
+		if err := reg(ctx, mux, conn); err != nil {
+			return nil, fmt.Errorf("api: register gateway handler: %w", err)
+		}
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil {
+			r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+		}
+		mux.ServeHTTP(w, r)
+	}), nil
+}
+
+// errorHandler writes the gateway's error body with httpStatus's status (412 for a stale
+// etag, which the gateway alone would make 400) and a proper WWW-Authenticate on 401.
+func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	var hs *runtime.HTTPStatusError
+	if !errors.As(err, &hs) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			err = status.Errorf(codes.InvalidArgument, "body: larger than %d bytes", maxBodyBytes)
+		}
+		st, _ := status.FromError(err)
+		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus(st.Code()), Err: err}
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, authHeaderWriter{w}, r, err)
+}
+
+// authHeaderWriter replaces the gateway's WWW-Authenticate (the error message) with the
+// challenge RFC 6750 asks for.
+type authHeaderWriter struct{ http.ResponseWriter }
+
+func (w authHeaderWriter) WriteHeader(code int) {
+	if code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lock-sensors"`)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// etagHeader sets ETag on a REST answer that is one resource.
+func etagHeader(_ context.Context, w http.ResponseWriter, resp proto.Message) error {
+	var body any = resp
+	if rb, ok := resp.(interface{ XXX_ResponseBody() any }); ok {
+		body = rb.XXX_ResponseBody()
+	}
+	if e, ok := body.(interface{ GetEtag() string }); ok && e.GetEtag() != "" {
+		w.Header().Set("ETag", `"`+e.GetEtag()+`"`)
+	}
+	return nil
+}
+
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(locksv1.OpenAPI)
+}

@@ -1,0 +1,227 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Limits of CONTRACT.md section 3 and of this API.
+const (
+	maxSensorID      = 16
+	maxNameLen       = 200
+	maxAddressLen    = 512
+	maxWebhookURLLen = 2048
+	maxClientIDLen   = 64
+	minLostAfter     = time.Second
+	maxLostAfter     = 365 * 24 * time.Hour
+	defaultPageSize  = 100
+	maxPageSize      = 1000
+	resolveTimeout   = 3 * time.Second
+)
+
+// checkSensorID accepts 1 to 16 ASCII letters and digits, as the readings do.
+func checkSensorID(field, id string) error {
+	if id == "" {
+		return fieldErr(field, "required: 1 to %d ASCII letters and digits", maxSensorID)
+	}
+	if len(id) > maxSensorID {
+		return fieldErr(field, "%d characters; a sensor id has 1 to %d ASCII letters and digits", utf8.RuneCountInString(id), maxSensorID)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return fieldErr(field, "%q is not a sensor id: only ASCII letters and digits are allowed", id)
+		}
+	}
+	return nil
+}
+
+// checkClientID accepts what a client id can look like; the server makes them `cl_` + 20
+// characters, but anything of this shape is simply looked up (and not found).
+func checkClientID(field, id string) error {
+	if id == "" {
+		return fieldErr(field, "required")
+	}
+	if len(id) > maxClientIDLen {
+		return fieldErr(field, "too long to be a client id")
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return fieldErr(field, "%q is not a client id", id)
+		}
+	}
+	return nil
+}
+
+// checkText accepts a non-blank text of at most max characters without control characters.
+func checkText(field, v string, max int) error {
+	if strings.TrimSpace(v) == "" {
+		return fieldErr(field, "required: 1 to %d characters, not only spaces", max)
+	}
+	if !utf8.ValidString(v) {
+		return fieldErr(field, "not valid UTF-8")
+	}
+	if n := utf8.RuneCountInString(v); n > max {
+		return fieldErr(field, "%d characters; at most %d are allowed", n, max)
+	}
+	if strings.IndexFunc(v, unicode.IsControl) >= 0 {
+		return fieldErr(field, "control characters (such as newlines or tabs) are not allowed")
+	}
+	return nil
+}
+
+// checkLostAfter accepts an unset value (the server default) or 1s to 365 days.
+func checkLostAfter(d *durationpb.Duration) (*int64, error) {
+	if d == nil {
+		return nil, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return nil, fieldErr("lost_after", "not a valid duration")
+	}
+	v := d.AsDuration()
+	if v < minLostAfter || v > maxLostAfter {
+		return nil, fieldErr("lost_after", "%s is out of range: from %s to %s", v, minLostAfter, maxLostAfter)
+	}
+	ms := v.Milliseconds()
+	return &ms, nil
+}
+
+// pageSize applies the default and the maximum (a larger size is lowered, as AIP-158 says).
+func pageSize(n int32) (int, error) {
+	switch {
+	case n < 0:
+		return 0, fieldErr("page_size", "must not be negative")
+	case n == 0:
+		return defaultPageSize, nil
+	case n > maxPageSize:
+		return maxPageSize, nil
+	}
+	return int(n), nil
+}
+
+// Resolver looks up the addresses of a host name; *net.Resolver is one.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// blockedPrefixes are addresses a webhook must not reach unless private ones are allowed:
+// besides loopback, private, link-local and unspecified (checked with netip's methods), the
+// ranges that reach the local network or nothing at all.
+var blockedPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),      // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"),  // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),   // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, broadcast
+	netip.MustParsePrefix("64:ff9b:1::/48"), // local-use NAT64
+	netip.MustParsePrefix("100::/64"),       // discard-only
+	netip.MustParsePrefix("fec0::/10"),      // deprecated site-local
+}
+
+// blockedAddr says why a is not a public address, or "" when it is.
+func blockedAddr(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsPrivate():
+		return "private"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "link-local"
+	case a.IsUnspecified():
+		return "unspecified"
+	case a.IsMulticast(), a.IsInterfaceLocalMulticast():
+		return "multicast"
+	}
+	for _, p := range blockedPrefixes {
+		if p.Contains(a) {
+			return "non-public"
+		}
+	}
+	return ""
+}
+
+// checkWebhookURL accepts an absolute http or https URL without user info. Unless private
+// addresses are allowed, its host must be a public address or a name that resolves only to
+// public addresses. (The notifier should check again when it connects: DNS may change.)
+func checkWebhookURL(ctx context.Context, raw string, allowPrivate bool, r Resolver) error {
+	const field = "webhook_url"
+	if raw == "" {
+		return fieldErr(field, "required: an absolute http or https URL")
+	}
+	if len(raw) > maxWebhookURLLen {
+		return fieldErr(field, "%d characters; at most %d are allowed", len(raw), maxWebhookURLLen)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fieldErr(field, "not a URL: %v", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fieldErr(field, "must be an absolute http or https URL (got scheme %q)", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return fieldErr(field, "must be an absolute URL with a host, like https://example.com/hook")
+	}
+	if u.User != nil {
+		return fieldErr(field, "must not contain user info (user:password@); authenticate the webhook with its signature")
+	}
+	if u.Fragment != "" || strings.HasSuffix(raw, "#") {
+		return fieldErr(field, "must not contain a fragment (#…)")
+	}
+	host := u.Hostname()
+	if host == "" {
+		return fieldErr(field, "must have a host")
+	}
+	if p := u.Port(); p != "" {
+		var n int
+		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
+			return fieldErr(field, "port %q is out of range", p)
+		}
+	}
+	if allowPrivate {
+		return nil
+	}
+	const allow = "; set LOCKS_WEBHOOK_ALLOW_PRIVATE=true to allow such hosts"
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		if why := blockedAddr(a); why != "" {
+			return fieldErr(field, "host %s is a %s address%s", host, why, allow)
+		}
+		return nil
+	}
+	lower := strings.ToLower(strings.TrimSuffix(host, "."))
+	if lower == "localhost" || strings.HasSuffix(lower, ".localhost") {
+		return fieldErr(field, "host %s is a loopback name%s", host, allow)
+	}
+	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	addrs, err := r.LookupNetIP(rctx, "ip", host)
+	if err != nil || len(addrs) == 0 {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var de *net.DNSError
+		if errors.As(err, &de) && de.IsNotFound {
+			return fieldErr(field, "host %s does not resolve", host)
+		}
+		return fieldErr(field, "host %s could not be resolved: %v", host, err)
+	}
+	for _, a := range addrs {
+		if why := blockedAddr(a); why != "" {
+			return fieldErr(field, "host %s resolves to %s, a %s address%s", host, a.Unmap(), why, allow)
+		}
+	}
+	return nil
+}
