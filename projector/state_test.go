@@ -32,6 +32,7 @@ type stateEnv struct {
 	pgURL string
 	pg    *pgxpool.Pool
 	n     int // partitions
+	reg   *prometheus.Registry // of the last State run by runState
 }
 
 func newStateEnv(t testing.TB, n int) *stateEnv {
@@ -121,8 +122,9 @@ func mustJSON(t testing.TB, l event.Log) []byte {
 // runState runs a State on parts until the returned stop is called (or the test ends).
 func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partition.Set) (stop func()) {
 	t.Helper()
+	e.reg = prometheus.NewRegistry()
 	s, err := NewState(StateConfig{Partitions: parts, PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond},
-		StateDeps{JS: js, PG: e.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry()})
+		StateDeps{JS: js, PG: e.pg, Log: testenv.Logger(t), Reg: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
