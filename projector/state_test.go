@@ -31,7 +31,7 @@ type stateEnv struct {
 	nats  *testenv.NATSEnv
 	pgURL string
 	pg    *pgxpool.Pool
-	n     int // partitions
+	n     int                  // partitions
 	reg   *prometheus.Registry // of the last State run by runState
 }
 
