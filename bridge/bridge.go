@@ -385,12 +385,23 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan ite
 		}
 		unacked = 0
 	}
-	for it := range pending {
+	for {
+		var it item
+		var ok bool
+		select {
+		case it, ok = <-pending:
+		default:
+			flush() // nothing more to resolve right now
+			it, ok = <-pending
+		}
+		if !ok {
+			break
+		}
 		b.m.inFlight.Dec()
 		if failed {
 			continue
 		}
-		if err := b.resolve(ctx, it, returns); err != nil {
+		if err := b.resolve(ctx, it, returns, flush); err != nil {
 			flush() // what came before is done: ack it
 			failed = true
 			fail(err)
@@ -398,23 +409,30 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan ite
 		}
 		lastTag = it.tag
 		unacked++
-		if unacked >= batch || len(pending) == 0 {
+		if unacked >= batch {
 			flush()
 		}
 	}
 	flush()
 }
 
-// resolve waits until the item's effect is durable.
-func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Return) error {
+// resolve waits until the item's effect is durable. Before it blocks, it calls idle: acks
+// go out as soon as the pipeline would wait anyway, so RabbitMQ's window never sits full of
+// messages that are already done.
+func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Return, idle func()) error {
 	if it.reason != "" {
 		if it.pubErr != nil {
 			return fmt.Errorf("publish to %s: %w", b.cfg.InvalidQueue, it.pubErr)
 		}
 		select {
 		case <-it.confirm.Done():
-		case <-ctx.Done():
-			return ctx.Err()
+		default:
+			idle()
+			select {
+			case <-it.confirm.Done():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		if !it.confirm.Acked() {
 			return fmt.Errorf("RabbitMQ did not confirm the publish to %s", b.cfg.InvalidQueue)
@@ -442,8 +460,14 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 		select {
 		case ack = <-it.future.Ok():
 		case err = <-it.future.Err():
-		case <-ctx.Done():
-			return ctx.Err()
+		default:
+			idle()
+			select {
+			case ack = <-it.future.Ok():
+			case err = <-it.future.Err():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 	if err != nil {

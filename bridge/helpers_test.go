@@ -80,7 +80,7 @@ type env struct {
 	bridge *Bridge
 }
 
-func newEnv(t *testing.T, amqpURL string) *env {
+func newEnv(t testing.TB, amqpURL string) *env {
 	t.Helper()
 	ne := testenv.NATS(t)
 	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4}); err != nil {
@@ -106,7 +106,7 @@ func newEnv(t *testing.T, amqpURL string) *env {
 	return e
 }
 
-func (e *env) connectAMQP(t *testing.T) {
+func (e *env) connectAMQP(t testing.TB) {
 	t.Helper()
 	conn, err := amqp.Dial(e.amqp)
 	if err != nil {
