@@ -1,17 +1,22 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"reflect"
+	"sort"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -24,10 +29,10 @@ const maxBodyBytes = 1 << 20
 // errors as {code, message, details} with the HTTP status of httpStatus.
 func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 	mux := runtime.NewServeMux(
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &fieldNamingJSON{runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		}}),
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithForwardResponseOption(etagHeader),
 	)
@@ -56,10 +61,6 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	var hs *runtime.HTTPStatusError
 	if !errors.As(err, &hs) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			err = status.Errorf(codes.InvalidArgument, "body: larger than %d bytes", maxBodyBytes)
-		}
 		st, _ := status.FromError(err)
 		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus(st.Code()), Err: err}
 	}
@@ -93,3 +94,63 @@ func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(locksv1.OpenAPI)
 }
+
+// fieldNamingJSON is the gateway's JSON marshaler, with errors that name the field of the
+// body that could not be read (protojson only gives a line and column).
+type fieldNamingJSON struct{ runtime.JSONPb }
+
+// NewDecoder reads the whole body (bounded by maxBodyBytes) and decodes it at once.
+func (m *fieldNamingJSON) NewDecoder(r io.Reader) runtime.Decoder {
+	return runtime.DecoderFunc(func(v any) error {
+		data, err := io.ReadAll(r)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fmt.Errorf("body: larger than %d bytes", maxBodyBytes)
+		}
+		if err != nil {
+			return fmt.Errorf("body: %w", err)
+		}
+		if len(bytes.TrimSpace(data)) == 0 {
+			return io.EOF // no body: the gateway treats it as an empty message
+		}
+		if err := m.JSONPb.Unmarshal(data, v); err != nil {
+			return m.nameField(data, v, err)
+		}
+		return nil
+	})
+}
+
+// nameField finds the top-level field whose value alone fails to decode and names it.
+func (m *fieldNamingJSON) nameField(data []byte, v any, err error) error {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(data, &fields) != nil {
+		return fmt.Errorf("body: %w", err)
+	}
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer && !t.Implements(protoMessageType) {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Pointer {
+		return fmt.Errorf("body: %w", err)
+	}
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		one, _ := json.Marshal(map[string]json.RawMessage{k: fields[k]})
+		msg := reflect.New(t.Elem()).Interface()
+		if ferr := m.JSONPb.Unmarshal(one, msg); ferr != nil {
+			hint := ""
+			if fd := msg.(proto.Message).ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(k)); fd != nil &&
+				fd.Message() != nil && fd.Message().FullName() == "google.protobuf.Duration" {
+				hint = ` (a duration is written in seconds with an "s", like "3600s" or "1.5s")`
+			}
+			return fmt.Errorf("%s: %w%s", k, ferr, hint)
+		}
+	}
+	return fmt.Errorf("body: %w", err)
+}
+
+var protoMessageType = reflect.TypeFor[proto.Message]()

@@ -50,7 +50,7 @@ type env struct {
 type envOpt func(*Config)
 
 func withTokens(tokens ...string) envOpt { return func(c *Config) { c.Tokens = tokens } }
-func withPrivateWebhooks() envOpt       { return func(c *Config) { c.WebhookAllowPrivate = true } }
+func withPrivateWebhooks() envOpt        { return func(c *Config) { c.WebhookAllowPrivate = true } }
 
 func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
@@ -252,3 +252,10 @@ func (e *env) count(sql string, args ...any) int {
 	}
 	return n
 }
+
+// nopListener is a listener that is never used (for a call that must refuse it).
+type nopListener struct{}
+
+func (nopListener) Accept() (net.Conn, error) { return nil, net.ErrClosed }
+func (nopListener) Close() error              { return nil }
+func (nopListener) Addr() net.Addr            { return &net.TCPAddr{} }

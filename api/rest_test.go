@@ -291,7 +291,7 @@ func TestRESTBodyLimitAndMethods(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	big := `{"id": "S1", "address": "` + strings.Repeat("a", 2<<20) + `"}`
-	e.want(e.do("POST", "/v1/sensors", big), 400)
+	e.want(e.do("POST", "/v1/sensors", big), 400, "body: larger than")
 	if r := e.do("GET", "/v1/nothing-here", nil); r.status != 404 {
 		t.Fatalf("unknown path: %d", r.status)
 	}

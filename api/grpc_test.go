@@ -1,0 +1,246 @@
+package api
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
+)
+
+// fieldViolation is the field of the BadRequest detail of st, "" when there is none.
+func fieldViolation(t testing.TB, err error) string {
+	t.Helper()
+	st := wantCode(t, err, codes.InvalidArgument)
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+			return br.GetFieldViolations()[0].GetField()
+		}
+	}
+	return ""
+}
+
+// Every call over gRPC, with each error code of CONTRACT.md section 3.
+func TestGRPCLifecycle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := t.Context()
+
+	// Clients.
+	cr, err := e.clients.CreateClient(ctx, &locksv1.CreateClientRequest{Client: &locksv1.Client{Name: "Ops", WebhookUrl: "https://203.0.113.20/hook"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := cr.GetClient()
+	if cl.GetId() == "" || cl.GetSigningSecret() == "" || cl.GetEtag() == "" || cl.GetCreateTime() == nil {
+		t.Fatalf("created %v", cl)
+	}
+	_, err = e.clients.CreateClient(ctx, &locksv1.CreateClientRequest{Client: &locksv1.Client{Name: "Ops", WebhookUrl: "https://user:pw@203.0.113.20/"}})
+	if f := fieldViolation(t, err); f != "webhook_url" {
+		t.Fatalf("field %q", f)
+	}
+	_, err = e.clients.CreateClient(ctx, &locksv1.CreateClientRequest{})
+	if f := fieldViolation(t, err); f != "client" {
+		t.Fatalf("field %q", f)
+	}
+	g, err := e.clients.GetClient(ctx, &locksv1.GetClientRequest{Id: cl.GetId()})
+	if err != nil || g.GetClient().GetSigningSecret() != cl.GetSigningSecret() {
+		t.Fatalf("get: %v %v", g, err)
+	}
+	_, err = e.clients.GetClient(ctx, &locksv1.GetClientRequest{Id: "cl_none"})
+	wantCode(t, err, codes.NotFound, "cl_none")
+	l, err := e.clients.ListClients(ctx, &locksv1.ListClientsRequest{})
+	if err != nil || len(l.GetClients()) != 1 || l.GetClients()[0].GetSigningSecret() != "" {
+		t.Fatalf("list: %v %v", l, err)
+	}
+	u, err := e.clients.UpdateClient(ctx, &locksv1.UpdateClientRequest{Id: cl.GetId(),
+		Client:     &locksv1.Client{Name: "Ops 2", Etag: cl.GetEtag()},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"name"}}})
+	if err != nil || u.GetClient().GetName() != "Ops 2" || u.GetClient().GetWebhookUrl() != "https://203.0.113.20/hook" {
+		t.Fatalf("update: %v %v", u, err)
+	}
+	_, err = e.clients.UpdateClient(ctx, &locksv1.UpdateClientRequest{Id: cl.GetId(),
+		Client: &locksv1.Client{Name: "Ops 3", Etag: cl.GetEtag()}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"name"}}})
+	wantCode(t, err, codes.FailedPrecondition, "etag")
+	// If-Match as gRPC metadata.
+	_, err = e.clients.UpdateClient(metadata.AppendToOutgoingContext(ctx, "if-match", cl.GetEtag()), &locksv1.UpdateClientRequest{Id: cl.GetId(),
+		Client: &locksv1.Client{Name: "Ops 3"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"name"}}})
+	wantCode(t, err, codes.FailedPrecondition)
+	// An empty mask replaces every updatable field.
+	_, err = e.clients.UpdateClient(ctx, &locksv1.UpdateClientRequest{Id: cl.GetId(), Client: &locksv1.Client{Name: "Only a name"}})
+	if f := fieldViolation(t, err); f != "webhook_url" {
+		t.Fatalf("field %q", f)
+	}
+	_, err = e.clients.UpdateClient(ctx, &locksv1.UpdateClientRequest{Id: cl.GetId(), Client: &locksv1.Client{Name: "x"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"colour"}}})
+	if f := fieldViolation(t, err); f != "update_mask" {
+		t.Fatalf("field %q", f)
+	}
+	_, err = e.clients.UpdateClient(ctx, &locksv1.UpdateClientRequest{Id: "cl_none", Client: &locksv1.Client{Name: "x"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"name"}}})
+	wantCode(t, err, codes.NotFound)
+	rot, err := e.clients.RotateClientSecret(ctx, &locksv1.RotateClientSecretRequest{Id: cl.GetId(), Etag: u.GetClient().GetEtag()})
+	if err != nil || rot.GetClient().GetPreviousSecret() != cl.GetSigningSecret() || rot.GetClient().GetSigningSecret() == cl.GetSigningSecret() {
+		t.Fatalf("rotate: %v %v", rot, err)
+	}
+	if d := time.Until(rot.GetClient().GetPreviousSecretUntil().AsTime()); d < 23*time.Hour || d > 25*time.Hour {
+		t.Fatalf("previous secret signs for %s more, want about 24h", d)
+	}
+	_, err = e.clients.RotateClientSecret(ctx, &locksv1.RotateClientSecretRequest{Id: cl.GetId(), Etag: u.GetClient().GetEtag()})
+	wantCode(t, err, codes.FailedPrecondition)
+	_, err = e.clients.RotateClientSecret(ctx, &locksv1.RotateClientSecretRequest{Id: "cl_none"})
+	wantCode(t, err, codes.NotFound)
+
+	// Sensors.
+	s, err := e.sensors.CreateSensor(ctx, &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "0xA", Address: "Gate", LostAfter: durationpb.New(2 * time.Minute)}})
+	if err != nil || s.GetSensor().GetLostAfter().AsDuration() != 2*time.Minute || s.GetSensor().GetState() != nil {
+		t.Fatalf("create sensor: %v %v", s, err)
+	}
+	_, err = e.sensors.CreateSensor(ctx, &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "0xA", Address: "Gate"}})
+	wantCode(t, err, codes.AlreadyExists, "0xA")
+	_, err = e.sensors.CreateSensor(ctx, &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "TestSensor", Address: ""}})
+	if f := fieldViolation(t, err); f != "address" {
+		t.Fatalf("field %q", f)
+	}
+	if _, err := e.sensors.CreateSensor(ctx, &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "0123456789aBcDeF", Address: "Door"}}); err != nil {
+		t.Fatal(err)
+	}
+	e.setState("0xA", 1, "online", 3)
+	gs, err := e.sensors.GetSensor(ctx, &locksv1.GetSensorRequest{Id: "0xA"})
+	if err != nil || gs.GetSensor().GetState().GetData() != 1 || gs.GetSensor().GetState().GetConnection() != locksv1.Connection_CONNECTION_ONLINE {
+		t.Fatalf("get sensor: %v %v", gs, err)
+	}
+	_, err = e.sensors.GetSensor(ctx, &locksv1.GetSensorRequest{Id: "Missing"})
+	wantCode(t, err, codes.NotFound)
+	one := int32(1)
+	ls, err := e.sensors.ListSensors(ctx, &locksv1.ListSensorsRequest{Data: &one, Connection: locksv1.Connection_CONNECTION_ONLINE})
+	if err != nil || len(ls.GetSensors()) != 1 || ls.GetSensors()[0].GetId() != "0xA" {
+		t.Fatalf("list sensors: %v %v", ls, err)
+	}
+	us, err := e.sensors.UpdateSensor(ctx, &locksv1.UpdateSensorRequest{Id: "0xA", Sensor: &locksv1.Sensor{Address: "Main gate", Etag: s.GetSensor().GetEtag()},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"address"}}})
+	if err != nil || us.GetSensor().GetAddress() != "Main gate" || us.GetSensor().GetLostAfter().AsDuration() != 2*time.Minute {
+		t.Fatalf("update sensor: %v %v", us, err)
+	}
+	_, err = e.sensors.UpdateSensor(ctx, &locksv1.UpdateSensorRequest{Id: "0xA", Sensor: &locksv1.Sensor{Address: "x", Etag: s.GetSensor().GetEtag()},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"address"}}})
+	wantCode(t, err, codes.FailedPrecondition)
+	// The id may come in the resource alone.
+	if _, err := e.sensors.UpdateSensor(ctx, &locksv1.UpdateSensorRequest{Sensor: &locksv1.Sensor{Id: "0xA", Address: "Gate"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// State.
+	st, err := e.state.GetSensorState(ctx, &locksv1.GetSensorStateRequest{SensorId: "0xA"})
+	if err != nil || st.GetState().GetRevision() != 3 || st.GetState().GetLastSeenTime() == nil {
+		t.Fatalf("state: %v %v", st, err)
+	}
+	_, err = e.state.GetSensorState(ctx, &locksv1.GetSensorStateRequest{SensorId: "0123456789aBcDeF"})
+	wantCode(t, err, codes.NotFound)
+	_, err = e.state.GetSensorState(ctx, &locksv1.GetSensorStateRequest{SensorId: ""})
+	if f := fieldViolation(t, err); f != "sensor_id" {
+		t.Fatalf("field %q", f)
+	}
+
+	// Subscriptions.
+	sub, err := e.subs.CreateSubscription(ctx, &locksv1.CreateSubscriptionRequest{SensorId: "0xA", ClientId: cl.GetId()})
+	if err != nil || sub.GetSubscription().GetEtag() == "" {
+		t.Fatalf("subscribe: %v %v", sub, err)
+	}
+	_, err = e.subs.CreateSubscription(ctx, &locksv1.CreateSubscriptionRequest{SensorId: "Missing", ClientId: cl.GetId()})
+	wantCode(t, err, codes.NotFound, "sensor")
+	sc, err := e.subs.ListSensorClients(ctx, &locksv1.ListSensorClientsRequest{SensorId: "0xA"})
+	if err != nil || len(sc.GetClients()) != 1 {
+		t.Fatalf("sensor's clients: %v %v", sc, err)
+	}
+	cs, err := e.subs.ListClientSensors(ctx, &locksv1.ListClientSensorsRequest{ClientId: cl.GetId()})
+	if err != nil || len(cs.GetSensors()) != 1 || cs.GetSensors()[0].GetState() == nil {
+		t.Fatalf("client's sensors: %v %v", cs, err)
+	}
+	_, err = e.subs.DeleteSubscription(ctx, &locksv1.DeleteSubscriptionRequest{SensorId: "0xA", ClientId: cl.GetId(), Etag: "stale"})
+	wantCode(t, err, codes.FailedPrecondition)
+	if _, err := e.subs.DeleteSubscription(ctx, &locksv1.DeleteSubscriptionRequest{SensorId: "0xA", ClientId: cl.GetId(), Etag: sub.GetSubscription().GetEtag()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.subs.DeleteSubscription(ctx, &locksv1.DeleteSubscriptionRequest{SensorId: "0xA", ClientId: cl.GetId()})
+	wantCode(t, err, codes.NotFound)
+
+	// History: declared, not served yet.
+	_, err = e.history.ListSensorReadings(ctx, &locksv1.ListSensorReadingsRequest{SensorId: "0xA"})
+	wantCode(t, err, codes.Unimplemented, "not served")
+	_, err = e.history.ListSensorEvents(ctx, &locksv1.ListSensorEventsRequest{SensorId: "0xA"})
+	wantCode(t, err, codes.Unimplemented)
+	_, err = e.history.ListClientDeliveries(ctx, &locksv1.ListClientDeliveriesRequest{ClientId: cl.GetId()})
+	wantCode(t, err, codes.Unimplemented)
+
+	// Deletes.
+	_, err = e.sensors.DeleteSensor(ctx, &locksv1.DeleteSensorRequest{Id: "0xA", Etag: s.GetSensor().GetEtag()})
+	wantCode(t, err, codes.FailedPrecondition)
+	if _, err := e.sensors.DeleteSensor(ctx, &locksv1.DeleteSensorRequest{Id: "0xA"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.sensors.DeleteSensor(ctx, &locksv1.DeleteSensorRequest{Id: "0xA"})
+	wantCode(t, err, codes.NotFound)
+	if _, err := e.state.GetSensorState(ctx, &locksv1.GetSensorStateRequest{SensorId: "0xA"}); err != nil {
+		t.Fatalf("state of a deleted sensor: %v", err)
+	}
+	_, err = e.clients.DeleteClient(ctx, &locksv1.DeleteClientRequest{Id: cl.GetId(), Etag: cl.GetEtag()})
+	wantCode(t, err, codes.FailedPrecondition)
+	if _, err := e.clients.DeleteClient(ctx, &locksv1.DeleteClientRequest{Id: cl.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.clients.DeleteClient(ctx, &locksv1.DeleteClientRequest{Id: cl.GetId()})
+	wantCode(t, err, codes.NotFound)
+}
+
+func TestGRPCAuth(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	raw := locksv1.NewSensorServiceClient(e.raw)
+	for _, c := range []struct {
+		name string
+		md   []string
+		word string
+	}{
+		{"none", nil, "missing"},
+		{"wrong", []string{"authorization", "Bearer wrong-token-0123456789"}, "not one of"},
+		{"not bearer", []string{"authorization", testToken}, "Bearer"},
+	} {
+		ctx := t.Context()
+		if c.md != nil {
+			ctx = metadata.AppendToOutgoingContext(ctx, c.md...)
+		}
+		_, err := raw.ListSensors(ctx, &locksv1.ListSensorsRequest{})
+		wantCode(t, err, codes.Unauthenticated, c.word)
+		_, err = raw.CreateSensor(ctx, &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "S1", Address: "x"}})
+		wantCode(t, err, codes.Unauthenticated)
+	}
+	if n := e.count(`SELECT count(*) FROM sensors`); n != 0 {
+		t.Fatalf("an unauthenticated call created %d sensors", n)
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+testToken)
+	if _, err := raw.ListSensors(ctx, &locksv1.ListSensorsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The server stops when its context ends, within the grace it gives calls under way.
+func TestServeStops(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := e.sensors.ListSensors(ctx, &locksv1.ListSensorsRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	// Serve twice is refused.
+	ln := e.srv
+	if err := ln.Serve(ctx, nopListener{}); err == nil {
+		t.Fatal("second Serve did not fail")
+	}
+}
