@@ -242,7 +242,10 @@ func TestGRPCBadInputs(t *testing.T) {
 			_, err := e.sensors.CreateSensor(ctx, &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "S9", Address: "a", LostAfter: &durationpb.Duration{Seconds: 5, Nanos: -1}}})
 			return err
 		}, "lost_after"},
-		{"update sensor nil", func() error { _, err := e.sensors.UpdateSensor(ctx, &locksv1.UpdateSensorRequest{Id: "Good1"}); return err }, "sensor"},
+		{"update sensor nil", func() error {
+			_, err := e.sensors.UpdateSensor(ctx, &locksv1.UpdateSensorRequest{Id: "Good1"})
+			return err
+		}, "sensor"},
 		{"update sensor no id", func() error {
 			_, err := e.sensors.UpdateSensor(ctx, &locksv1.UpdateSensorRequest{Sensor: &locksv1.Sensor{Address: "b"}})
 			return err
@@ -275,7 +278,10 @@ func TestGRPCBadInputs(t *testing.T) {
 			_, err := e.subs.CreateSubscription(ctx, &locksv1.CreateSubscriptionRequest{SensorId: "Good1"})
 			return err
 		}, "client_id"},
-		{"list page size", func() error { _, err := e.clients.ListClients(ctx, &locksv1.ListClientsRequest{PageSize: -1}); return err }, "page_size"},
+		{"list page size", func() error {
+			_, err := e.clients.ListClients(ctx, &locksv1.ListClientsRequest{PageSize: -1})
+			return err
+		}, "page_size"},
 		{"list connection", func() error {
 			_, err := e.sensors.ListSensors(ctx, &locksv1.ListSensorsRequest{Connection: 9})
 			return err
