@@ -1,0 +1,393 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+var locksBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "locks-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	locksBin = filepath.Join(dir, "locks")
+	build := exec.Command("go", "build", "-o", locksBin, "../cmd/locks")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build locks:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// system is one `locks run --targets=all` process on private databases and queues.
+type system struct {
+	t      *testing.T
+	http   string
+	token  string
+	rabbit *testenv.RabbitEnv
+	log    *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func start(t *testing.T, extraEnv ...string) *system {
+	t.Helper()
+	chDB := testenv.Name("locks_e2e")
+	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
+	s := &system{t: t, http: freeAddr(t), token: "e2e-token-0123456789", rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
+	cmd := exec.Command(locksBin, "run", "--targets=all")
+	cmd.Env = append(os.Environ(),
+		"LOCKS_POSTGRES_URL="+testenv.PostgresURL(t),
+		"LOCKS_CLICKHOUSE_URL=clickhouse://"+testenv.ClickHouseAddr()+"/"+chDB,
+		"LOCKS_AMQP_URL="+s.rabbit.URL,
+		"LOCKS_AMQP_QUEUE="+s.rabbit.Queue,
+		"LOCKS_HTTP_ADDR="+s.http,
+		"LOCKS_GRPC_ADDR="+freeAddr(t),
+		"LOCKS_DATA_DIR="+t.TempDir(),
+		"LOCKS_API_TOKENS="+s.token,
+		"LOCKS_PARTITIONS=4",
+		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true",
+		"LOCKS_LOG_LEVEL=debug",
+	)
+	cmd.Env = append(cmd.Env, extraEnv...)
+	cmd.Stderr = s.log
+	cmd.Stdout = s.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("locks did not stop within 20 s of SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("locks log:\n%s", s.log.String())
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + s.http + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return s
+			}
+		}
+		select {
+		case <-done:
+			t.Fatalf("locks exited before it was ready:\n%s", s.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready within 60 s:\n%s", s.log.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// call makes a REST call and decodes the JSON answer into out (if not nil); it returns the status.
+func (s *system) call(method, path string, in, out any) int {
+	s.t.Helper()
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://"+s.http+path, body)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.Unmarshal(b, out); err != nil {
+			s.t.Fatalf("%s %s: %v in %s", method, path, err, b)
+		}
+	}
+	if resp.StatusCode >= 300 {
+		s.t.Logf("%s %s → %d %s", method, path, resp.StatusCode, b)
+	}
+	return resp.StatusCode
+}
+
+func (s *system) publish(msgs ...string) {
+	s.t.Helper()
+	ch, err := s.rabbit.Conn.Channel()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(s.rabbit.Queue, true, false, false, false, nil); err != nil {
+		s.t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if err := ch.PublishWithContext(context.Background(), "", s.rabbit.Queue, false, false,
+			amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: []byte(m)}); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+}
+
+// webhook is one request the receiver got.
+type webhook struct {
+	at        time.Time
+	id, ts    string
+	signature string
+	body      []byte
+	payload   struct {
+		ID           string `json:"id"`
+		Type         string `json:"type"`
+		OccurredAt   string `json:"occurred_at"`
+		Sensor       struct{ ID, Address string }
+		Data         *int  `json:"data"`
+		PreviousData *int  `json:"previous_data"`
+		Revision     int64 `json:"revision"`
+	}
+}
+
+type receiver struct {
+	*httptest.Server
+	mu  sync.Mutex
+	got []webhook
+}
+
+func newReceiver(t *testing.T) *receiver {
+	r := &receiver{}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		h := webhook{at: time.Now(), id: req.Header.Get("webhook-id"), ts: req.Header.Get("webhook-timestamp"),
+			signature: req.Header.Get("webhook-signature"), body: b}
+		if err := json.Unmarshal(b, &h.payload); err != nil {
+			t.Errorf("webhook body is not the contract's JSON: %v: %s", err, b)
+		}
+		r.mu.Lock()
+		r.got = append(r.got, h)
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *receiver) wait(t *testing.T, n int, within time.Duration) []webhook {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		r.mu.Lock()
+		got := append([]webhook(nil), r.got...)
+		r.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d webhooks within %s, want %d", len(got), within, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// verify checks a signature the way a receiver following the Standard Webhooks spec would,
+// computed here from the spec, not with the system's signer.
+func verify(t *testing.T, secret string, h webhook) {
+	t.Helper()
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		t.Fatalf("signing secret %q is not whsec_<base64>: %v", secret, err)
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(h.id + "." + h.ts + "." + string(h.body)))
+	want := "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	for _, sig := range strings.Fields(h.signature) {
+		if sig == want {
+			return
+		}
+	}
+	t.Fatalf("webhook %s: signature %q does not match %q", h.id, h.signature, want)
+}
+
+// The contract end to end: readings in through RabbitMQ, state over REST, signed webhooks for
+// changes only, lost after lost_after of silence, restored (and changed) on the next reading,
+// invalid input to the invalid queue.
+func TestReadingsToWebhooks(t *testing.T) {
+	t.Parallel()
+	const lostAfter = 3 * time.Second
+	s := start(t, "LOCKS_LOST_AFTER="+lostAfter.String(), "LOCKS_RETRY_SCHEDULE=200ms,400ms")
+	rcv := newReceiver(t)
+
+	var client struct {
+		ID            string `json:"id"`
+		SigningSecret string `json:"signing_secret"`
+	}
+	if code := s.call("POST", "/v1/clients", map[string]string{"name": "e2e", "webhook_url": rcv.URL + "/hook"}, &client); code != 200 {
+		t.Fatalf("create client: %d", code)
+	}
+	for _, id := range []string{"doorA", "doorB"} {
+		if code := s.call("POST", "/v1/sensors", map[string]string{"id": id, "address": "Svobody st. 23 " + id}, nil); code != 200 {
+			t.Fatalf("register %s: %d", id, code)
+		}
+		if code := s.call("PUT", "/v1/sensors/"+id+"/clients/"+client.ID, nil, nil); code != 200 {
+			t.Fatalf("subscribe to %s: %d", id, code)
+		}
+	}
+
+	s.publish(
+		`{"sensor_id":"doorA","data":1}`,
+		`{"sensor_id":"doorA","data":1}`, // a repeat: no event
+		`not json`,
+		`{"sensor_id":"doorA","data":0,"ts":"2026-11-22T10:00:00.123Z"}`,
+		`{"sensor_id":"doorB","data":1}`,
+	)
+	got := rcv.wait(t, 3, 20*time.Second)
+	lastA := time.Now()
+	byRev := map[string][]webhook{}
+	for _, h := range got {
+		verify(t, client.SigningSecret, h)
+		if h.id != h.payload.ID || !strings.HasPrefix(h.id, "evt_") {
+			t.Fatalf("webhook-id %q, body id %q", h.id, h.payload.ID)
+		}
+		byRev[h.payload.Sensor.ID] = append(byRev[h.payload.Sensor.ID], h)
+	}
+	a := byRev["doorA"]
+	if len(a) != 2 || a[0].payload.Revision != 1 || a[0].payload.PreviousData != nil || *a[0].payload.Data != 1 ||
+		a[1].payload.Revision != 2 || *a[1].payload.PreviousData != 1 || *a[1].payload.Data != 0 ||
+		a[0].payload.Type != "sensor.state_changed" || a[0].payload.Sensor.Address != "Svobody st. 23 doorA" {
+		t.Fatalf("doorA webhooks: %+v", a)
+	}
+	if len(byRev["doorB"]) != 1 {
+		t.Fatalf("doorB webhooks: %+v", byRev["doorB"])
+	}
+
+	// doorB keeps reporting; doorA is silent and must be declared lost after lost_after.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				s.publish(`{"sensor_id":"doorB","data":1}`)
+			}
+		}
+	}()
+	got = rcv.wait(t, 4, 20*time.Second)
+	lost := got[3]
+	close(stop)
+	wg.Wait()
+	if lost.payload.Type != "sensor.connection_lost" || lost.payload.Sensor.ID != "doorA" || lost.payload.Revision != 3 || *lost.payload.Data != 0 {
+		t.Fatalf("4th webhook %+v, want doorA connection_lost revision 3 data 0", lost.payload)
+	}
+	if d := lost.at.Sub(lastA); d < lostAfter-500*time.Millisecond || d > 3*lostAfter {
+		t.Fatalf("connection_lost %s after the last reading, want about %s", d, lostAfter)
+	}
+	var st struct {
+		Connection string `json:"connection"`
+		Revision   string `json:"revision"`
+		Data       int    `json:"data"`
+	}
+	if code := s.call("GET", "/v1/sensors/doorA/state", nil, &st); code != 200 || st.Connection != "CONNECTION_LOST" {
+		t.Fatalf("state of doorA: %d %+v", code, st)
+	}
+
+	s.publish(`{"sensor_id":"doorA","data":1}`)
+	got = rcv.wait(t, 6, 20*time.Second)
+	if got[4].payload.Type != "sensor.connection_restored" || got[4].payload.Revision != 4 ||
+		got[5].payload.Type != "sensor.state_changed" || got[5].payload.Revision != 5 || *got[5].payload.PreviousData != 0 {
+		t.Fatalf("after the restoring reading: %+v then %+v", got[4].payload, got[5].payload)
+	}
+	if code := s.call("GET", "/v1/sensors/doorA/state", nil, &st); code != 200 || st.Connection != "CONNECTION_ONLINE" || st.Data != 1 {
+		t.Fatalf("state of doorA: %d %+v", code, st)
+	}
+	if code := s.call("GET", "/v1/sensors/nosuch/state", nil, nil); code != 404 {
+		t.Fatalf("state of a sensor never seen: %d, want 404", code)
+	}
+
+	// Nothing more: doorB kept the same value, so no event for it; no webhook twice.
+	time.Sleep(time.Second)
+	rcv.mu.Lock()
+	seen := map[string]bool{}
+	for _, h := range rcv.got {
+		if seen[h.id] {
+			t.Errorf("webhook %s delivered twice", h.id)
+		}
+		seen[h.id] = true
+	}
+	if len(rcv.got) != 6 {
+		t.Errorf("%d webhooks, want exactly 6", len(rcv.got))
+	}
+	rcv.mu.Unlock()
+
+	// The invalid message is in the invalid queue with its reason.
+	ch, err := s.rabbit.Conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, ok, err := ch.Get(s.rabbit.InvalidQueue, true)
+	if err != nil || !ok || string(m.Body) != "not json" || m.Headers["x-lock-sensors-error"] == nil {
+		t.Fatalf("invalid queue: %v %v %+v", ok, err, m)
+	}
+}
