@@ -37,7 +37,7 @@ type Config struct {
 	OverridesEvery time.Duration
 	// HoldCheckEvery is how often held expiries are re-examined (default 200ms).
 	HoldCheckEvery time.Duration
-	// Concurrency bounds the expiries examined at once (default 64).
+	// Concurrency bounds the expiries examined at once (default 256).
 	Concurrency int
 	// CatchUpGrace is how long the upstream must have been caught up after it was behind
 	// before held expiries are declared (default 2s): a drained queue's last messages may
@@ -59,7 +59,7 @@ func (c *Config) setDefaults() {
 		c.HoldCheckEvery = 200 * time.Millisecond
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 64
+		c.Concurrency = 256
 	}
 	if c.CatchUpGrace <= 0 {
 		c.CatchUpGrace = 2 * time.Second

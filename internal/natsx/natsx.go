@@ -77,6 +77,8 @@ func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
 		Retention:  jetstream.LimitsPolicy,
 		Duplicates: c.Duplicates,
 		Replicas:   c.Replicas,
+		// The watchdog reads each expiring sensor's last message; direct gets skip the API queue.
+		AllowDirect: true,
 	}
 }
 

@@ -1,0 +1,179 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+)
+
+func benchSize(def int) int {
+	if v, err := strconv.Atoi(os.Getenv("LOCKS_BENCH_SENSORS")); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func sensorName(i int) string { return "s" + strconv.Itoa(i) }
+
+// appendReadings writes one reading per sensor straight to READINGS, as fast as JetStream
+// takes them, and returns each one's receive time.
+func appendReadings(b *testing.B, js jetstream.JetStream, n int) []time.Time {
+	return appendReadingsOver(b, js, n, 0)
+}
+
+// appendReadingsOver spreads the appends evenly over d (0: as fast as possible).
+func appendReadingsOver(b *testing.B, js jetstream.JetStream, n int, d time.Duration) []time.Time {
+	b.Helper()
+	at := make([]time.Time, n)
+	begin := time.Now()
+	for i := 0; i < n; i++ {
+		if d > 0 && i%100 == 0 {
+			if ahead := time.Until(begin.Add(d * time.Duration(i) / time.Duration(n))); ahead > 0 {
+				time.Sleep(ahead)
+			}
+		}
+		s := sensorName(i)
+		now := time.Now().UTC()
+		at[i] = now
+		body, _ := json.Marshal(event.Log{V: event.Version, Kind: event.KindReading, SensorID: s, Data: 1, Time: now, ReceivedTime: now, MessageID: s})
+		for {
+			if _, err := js.PublishMsgAsync(&nats.Msg{Subject: natsx.ReadingsSubject(s), Data: body}); err == nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		b.Fatal("appends not acknowledged within 5 minutes")
+	}
+	return at
+}
+
+func memFigures() (heapMB, rssMB float64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	heapMB = float64(ms.HeapInuse) / (1 << 20)
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "VmRSS:") {
+				var kb float64
+				fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "VmRSS:"), "kB")), &kb)
+				rssMB = kb / 1024
+			}
+		}
+	}
+	return heapMB, rssMB
+}
+
+// BenchmarkTrack measures the refresh rate the watchdog sustains while it applies a READINGS
+// backlog of one reading per sensor (LOCKS_BENCH_SENSORS, default 1,000,000) to the keys, and
+// the memory of the process (embedded NATS included) once every sensor is tracked.
+func BenchmarkTrack(b *testing.B) {
+	n := benchSize(1_000_000)
+	for b.Loop() {
+		e := newEnv(b, time.Hour)
+		appendStart := time.Now()
+		appendReadings(b, e.nats.JS, n)
+		b.Logf("appended %d readings in %s", n, time.Since(appendStart).Round(time.Millisecond))
+		heap0, rss0 := memFigures()
+		_, reg, stop := e.start(Config{Partitions: testPartitions, LostAfter: time.Hour})
+		start := time.Now()
+		for counter(b, reg, "locks_watchdog_refreshes_total") < float64(n) {
+			if time.Since(start) > 10*time.Minute {
+				b.Fatalf("only %v of %d keys refreshed in 10 minutes", counter(b, reg, "locks_watchdog_refreshes_total"), n)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		heap1, rss1 := memFigures()
+		kvs, err := e.nats.JS.Stream(context.Background(), kvStream)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st := kvs.CachedInfo().State
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "kv-updates/s")
+		b.ReportMetric(heap1, "heap-MB")
+		b.ReportMetric(rss1, "rss-MB")
+		b.Logf("%d sensors tracked: %d KV updates in %s = %.0f/s; heap %.0f MB (%.0f before the watchdog), RSS %.0f MB (%.0f before); KV stream %d msgs %d MB",
+			n, n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), heap1, heap0, rss1, rss0, st.Msgs, st.Bytes>>20)
+		stop()
+	}
+}
+
+// BenchmarkExpiryDelay lets LOCKS_BENCH_SENSORS (default 100,000) sensors expire within the
+// same minute and measures the delay from each deadline (last reading + lost_after) to its
+// liveness_timeout fact in READINGS: "burst" has every deadline within a few seconds (as
+// fast as the readings can be appended), "spread" spreads them over 50 s.
+func BenchmarkExpiryDelay(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		spread time.Duration
+	}{{"burst", 0}, {"spread50s", 50 * time.Second}} {
+		b.Run(c.name, func(b *testing.B) { benchExpiryDelay(b, c.spread) })
+	}
+}
+
+func benchExpiryDelay(b *testing.B, spread time.Duration) {
+	n := benchSize(100_000)
+	const lost = 20 * time.Second
+	for b.Loop() {
+		e := newEnv(b, lost)
+		f := e.collectFacts()
+		_, _, stop := e.start(Config{Partitions: testPartitions, LostAfter: lost})
+		e.reading("warmup")
+		start := time.Now()
+		at := appendReadingsOver(b, e.nats.JS, n, spread)
+		b.Logf("appended %d readings in %s; deadlines from %s to %s after start", n, time.Since(start).Round(time.Millisecond),
+			at[0].Add(lost).Sub(start).Round(time.Millisecond), at[n-1].Add(lost).Sub(start).Round(time.Millisecond))
+		deadline := at[n-1].Add(lost + 5*time.Minute)
+		for {
+			f.mu.Lock()
+			got := len(f.all)
+			f.mu.Unlock()
+			if got >= n+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%d of %d facts within 5 minutes of the last deadline", got, n+1)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		idx := map[string]int{}
+		for i := 0; i < n; i++ {
+			idx[sensorName(i)] = i
+		}
+		var delays []time.Duration
+		f.mu.Lock()
+		for _, s := range f.all {
+			i, ok := idx[s.fact.SensorID]
+			if !ok {
+				continue
+			}
+			delays = append(delays, s.seen.Sub(at[i].Add(lost)))
+		}
+		f.mu.Unlock()
+		slices.Sort(delays)
+		p := func(q float64) time.Duration { return delays[int(q*float64(len(delays)-1))] }
+		b.ReportMetric(p(0.5).Seconds(), "p50-s")
+		b.ReportMetric(p(0.99).Seconds(), "p99-s")
+		b.Logf("%d expiries: delay from deadline to fact in READINGS min %s p50 %s p99 %s max %s",
+			len(delays), delays[0].Round(time.Millisecond), p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), delays[len(delays)-1].Round(time.Millisecond))
+		stop()
+	}
+}
