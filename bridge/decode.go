@@ -84,8 +84,8 @@ func Decode(body []byte, receivedAt time.Time) (Reading, error) {
 	if raw.SensorID == nil {
 		return Reading{}, invalid(ReasonSensorID, "sensor_id: missing; must be 1-16 ASCII letters or digits")
 	}
-	var id string
-	if err := json.Unmarshal(raw.SensorID, &id); err != nil || !ValidSensorID(id) {
+	id, ok := jsonString(raw.SensorID)
+	if !ok || !ValidSensorID(id) {
 		return Reading{}, invalid(ReasonSensorID, "sensor_id: must be 1-16 ASCII letters or digits")
 	}
 	r.SensorID = id
@@ -101,8 +101,8 @@ func Decode(body []byte, receivedAt time.Time) (Reading, error) {
 
 	r.Time = receivedAt
 	if raw.TS != nil && string(raw.TS) != "null" {
-		var s string
-		if err := json.Unmarshal(raw.TS, &s); err != nil {
+		s, ok := jsonString(raw.TS)
+		if !ok {
 			return Reading{}, invalid(ReasonTS, "ts: must be an RFC 3339 time string")
 		}
 		t, err := time.Parse(time.RFC3339Nano, s)
@@ -116,6 +116,23 @@ func Decode(body []byte, receivedAt time.Time) (Reading, error) {
 		r.Time, r.HasTS = t, true
 	}
 	return r, nil
+}
+
+// jsonString reads a JSON token (already validated by json.Unmarshal) that must be a string.
+// Without escapes its content is the bytes between the quotes; with escapes, encoding/json
+// decodes it.
+func jsonString(tok []byte) (string, bool) {
+	if len(tok) < 2 || tok[0] != '"' {
+		return "", false
+	}
+	if bytes.IndexByte(tok, '\\') < 0 {
+		return string(tok[1 : len(tok)-1]), true
+	}
+	var s string
+	if err := json.Unmarshal(tok, &s); err != nil {
+		return "", false
+	}
+	return s, true
 }
 
 // ValidSensorID says whether id is 1 to 16 ASCII letters and digits.
