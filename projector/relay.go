@@ -14,12 +14,13 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 // Relay publishes the outbox rows of its partitions to EVENTS, in id order, with the event
 // id as Nats-Msg-Id, and deletes each row only after JetStream has acknowledged it. Rows a
-// crash left behind are published again and de-duplicated by JetStream.
+// crash left behind are published again, and neither lost nor doubled (see once).
 //
 // Publishing is asynchronous for throughput, but a sensor never has two events in flight:
 // a round's rows are sent in waves holding at most one row per sensor, and the next wave
@@ -73,8 +74,12 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) runPartition(ctx context.Context, p int) {
 	log := r.log.With("partition", p)
 	fails := 0
+	// Until a round has gone through cleanly, rows may be left over from a crash or a
+	// failed publish: they are checked against EVENTS first (see once).
+	suspect := true
 	for ctx.Err() == nil {
-		n, err := r.once(ctx, p)
+		n, err := r.once(ctx, p, suspect)
+		suspect = err != nil
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -99,8 +104,9 @@ func (r *Relay) runPartition(ctx context.Context, p int) {
 	}
 }
 
-type outboxRow struct {
+type relayRow struct {
 	id       int64
+	revision int64
 	eventID  string
 	sensorID string
 	payload  []byte
@@ -108,16 +114,21 @@ type outboxRow struct {
 }
 
 // once relays one round of partition p's outbox and returns how many rows it read.
-func (r *Relay) once(ctx context.Context, p int) (int, error) {
-	rows, err := r.pg.Query(ctx, `SELECT id, event_id, sensor_id, payload, created_at FROM outbox
+//
+// When suspect, rows may already be in EVENTS (published, but the ack or the delete was
+// lost): JetStream's de-duplication window catches a quick republish, but not one after a
+// long outage, so each sensor's last event in EVENTS is looked up and rows at or below
+// its revision are deleted without publishing.
+func (r *Relay) once(ctx context.Context, p int, suspect bool) (int, error) {
+	rows, err := r.pg.Query(ctx, `SELECT id, revision, event_id, sensor_id, payload, created_at FROM outbox
 		WHERE partition = $1 ORDER BY id LIMIT $2`, p, r.cfg.RelayBatch)
 	if err != nil {
 		return 0, fmt.Errorf("read outbox: %w", err)
 	}
-	var all []outboxRow
+	var all []relayRow
 	for rows.Next() {
-		var o outboxRow
-		if err := rows.Scan(&o.id, &o.eventID, &o.sensorID, &o.payload, &o.created); err != nil {
+		var o relayRow
+		if err := rows.Scan(&o.id, &o.revision, &o.eventID, &o.sensorID, &o.payload, &o.created); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("scan outbox: %w", err)
 		}
@@ -130,9 +141,17 @@ func (r *Relay) once(ctx context.Context, p int) (int, error) {
 	if len(all) == 0 {
 		return 0, nil
 	}
+	read := len(all)
+	done := make([]int64, 0, len(all))
+	if suspect {
+		var err error
+		if all, done, err = r.dropPublished(ctx, p, all, done); err != nil {
+			return 0, err
+		}
+	}
 
 	// Wave k holds each sensor's k-th row of this round.
-	var waves [][]outboxRow
+	var waves [][]relayRow
 	nth := make(map[string]int, len(all))
 	for _, o := range all {
 		k := nth[o.sensorID]
@@ -142,7 +161,6 @@ func (r *Relay) once(ctx context.Context, p int) (int, error) {
 		}
 		waves[k] = append(waves[k], o)
 	}
-	done := make([]int64, 0, len(all))
 	var pubErr error
 	for _, wave := range waves {
 		futs := make([]jetstream.PubAckFuture, 0, len(wave))
@@ -186,7 +204,46 @@ func (r *Relay) once(ctx context.Context, p int) (int, error) {
 		r.published.Add(float64(len(done)))
 	}
 	if pubErr != nil {
-		return 0, errors.Join(pubErr, fmt.Errorf("%d of %d rows relayed", len(done), len(all)))
+		return 0, errors.Join(pubErr, fmt.Errorf("%d of %d rows relayed", len(done), read))
 	}
-	return len(all), nil
+	return read, nil
+}
+
+// dropPublished moves the rows whose event EVENTS already holds from all to done.
+func (r *Relay) dropPublished(ctx context.Context, p int, all []relayRow, done []int64) ([]relayRow, []int64, error) {
+	st, err := r.js.Stream(ctx, natsx.EventsStream)
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up %s: %w", natsx.EventsStream, err)
+	}
+	last := make(map[string]int64)
+	for _, o := range all {
+		if _, ok := last[o.sensorID]; ok {
+			continue
+		}
+		m, err := st.GetLastMsgForSubject(ctx, natsx.EventsSubject(p, o.sensorID))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			last[o.sensorID] = 0
+		case err != nil:
+			return nil, nil, fmt.Errorf("last event of sensor %s: %w", o.sensorID, err)
+		default:
+			ev, err := event.DecodeEvent(m.Data)
+			if err != nil {
+				return nil, nil, fmt.Errorf("last event of sensor %s: %w", o.sensorID, err)
+			}
+			last[o.sensorID] = ev.Revision
+		}
+	}
+	keep := all[:0]
+	for _, o := range all {
+		if o.revision <= last[o.sensorID] {
+			done = append(done, o.id)
+			continue
+		}
+		keep = append(keep, o)
+	}
+	if n := len(done); n > 0 {
+		r.log.Info("outbox rows already in EVENTS are deleted without publishing", "partition", p, "rows", n)
+	}
+	return keep, done, nil
 }

@@ -51,6 +51,9 @@ type StateConfig struct {
 	RelayBatch int
 	// PublishTimeout bounds the wait for JetStream's ack of an event (default 10s).
 	PublishTimeout time.Duration
+	// CacheSensors bounds the rows kept in memory per partition between batches (default
+	// 100,000; about 200 bytes each). A full cache is emptied and refilled.
+	CacheSensors int
 }
 
 func (c *StateConfig) setDefaults() {
@@ -71,6 +74,9 @@ func (c *StateConfig) setDefaults() {
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 10 * time.Second
+	}
+	if c.CacheSensors == 0 {
+		c.CacheSensors = 100_000
 	}
 }
 
@@ -160,22 +166,23 @@ func (s *State) Run(ctx context.Context) error {
 	return err
 }
 
-func consumerName(p int) string { return "state-p" + strconv.Itoa(p) }
+func stateConsumerName(p int) string { return "state-p" + strconv.Itoa(p) }
 
-// partWorker follows one partition. Its consumer is a cursor over READINGS that starts at
+// statePartWorker follows one partition. Its consumer is a cursor over READINGS that starts at
 // the Postgres checkpoint; whenever delivery is not the plain next message (a redelivery,
 // a lost delivery after a NATS restart, an error), the consumer is recreated from the
 // checkpoint, so messages are always applied in stream order and none is skipped.
-type partWorker struct {
-	s    *State
-	p    int
-	log  *slog.Logger
-	cons jetstream.Consumer
-	next uint64 // the consumer sequence expected next
+type statePartWorker struct {
+	s     *State
+	p     int
+	log   *slog.Logger
+	cons  jetstream.Consumer
+	next  uint64 // the consumer sequence expected next
+	cache *stateCache
 }
 
 func (s *State) runPartition(ctx context.Context, p int) error {
-	w := &partWorker{s: s, p: p, log: s.log.With("partition", p)}
+	w := &statePartWorker{s: s, p: p, log: s.log.With("partition", p), cache: newStateCache(s.cfg.CacheSensors)}
 	var fails int
 	backoff := func() {
 		fails++
@@ -212,7 +219,7 @@ func (s *State) runPartition(ctx context.Context, p int) error {
 			// A batch under way is finished even when asked to stop: it is one transaction
 			// and one ack, and stopping between them only costs a redelivery.
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.AckWait/2)
-			err := s.applyBatch(actx, p, good)
+			err := s.applyBatch(actx, p, good, w.cache)
 			if err == nil {
 				crashpoint.Hit(CrashStateAfterCommit)
 				s.nudge(p)
@@ -246,12 +253,12 @@ func (s *State) runPartition(ctx context.Context, p int) error {
 }
 
 // reset recreates the partition's durable consumer to start right after the checkpoint.
-func (w *partWorker) reset(ctx context.Context) error {
+func (w *statePartWorker) reset(ctx context.Context) error {
 	cp, err := w.s.checkpoint(ctx, w.p)
 	if err != nil {
 		return err
 	}
-	name := consumerName(w.p)
+	name := stateConsumerName(w.p)
 	if err := w.s.js.DeleteConsumer(ctx, natsx.ReadingsStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("delete consumer %s: %w", name, err)
 	}
@@ -279,14 +286,14 @@ func (w *partWorker) reset(ctx context.Context) error {
 
 // fetch returns what is there at once, up to a batch; when nothing is, it waits up to
 // IdleWait for one message and then takes what has come with it.
-func (w *partWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
+func (w *statePartWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 	batch := w.s.cfg.BatchSize
-	msgs, err := drain(w.cons.FetchNoWait(batch))
+	msgs, err := stateDrain(w.cons.FetchNoWait(batch))
 	if err != nil || len(msgs) > 0 {
 		return msgs, err
 	}
 	fctx, cancel := context.WithTimeout(ctx, w.s.cfg.IdleWait)
-	msgs, err = drain(w.cons.Fetch(1, jetstream.FetchContext(fctx)))
+	msgs, err = stateDrain(w.cons.Fetch(1, jetstream.FetchContext(fctx)))
 	cancel()
 	if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = nil
@@ -308,7 +315,7 @@ func (w *partWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 		return nil, nil
 	}
 	if batch > 1 {
-		more, err := drain(w.cons.FetchNoWait(batch - 1))
+		more, err := stateDrain(w.cons.FetchNoWait(batch - 1))
 		if err != nil {
 			// Keep the first; the error shows again on the next fetch.
 			return msgs, nil
@@ -318,7 +325,7 @@ func (w *partWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 	return msgs, nil
 }
 
-func drain(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+func stateDrain(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +341,7 @@ func drain(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 
 // inOrder keeps the prefix of msgs that are first deliveries in consumer order; gap says
 // something else came and the consumer must be recreated.
-func (w *partWorker) inOrder(msgs []jetstream.Msg) ([]jetstream.Msg, bool) {
+func (w *statePartWorker) inOrder(msgs []jetstream.Msg) ([]jetstream.Msg, bool) {
 	for i, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil || md.NumDelivered != 1 || md.Sequence.Consumer != w.next {
@@ -368,8 +375,8 @@ func (s *State) checkpoint(ctx context.Context, p int) (uint64, error) {
 	return uint64(seq), nil
 }
 
-// sensorRow is a sensor_state row.
-type sensorRow struct {
+// stateRow is a sensor_state row.
+type stateRow struct {
 	data            uint8
 	lastSeen        time.Time
 	lastReadingTime time.Time
@@ -382,7 +389,7 @@ type sensorRow struct {
 // step applies one READINGS message to a sensor's row (ok false: no row yet) and appends
 // the events it causes; touched says the row was written. It is the whole of the state projector's logic, a pure function of
 // the row and the message, so that every replay decides the same.
-func step(cur sensorRow, ok bool, l event.Log, p int, seq uint64, evs []event.Event) (_ sensorRow, touched bool, _ []event.Event) {
+func stateStep(cur stateRow, ok bool, l event.Log, p int, seq uint64, evs []event.Event) (_ stateRow, touched bool, _ []event.Event) {
 	emit := func(typ string, at time.Time, data uint8, prev *uint8) {
 		cur.revision++
 		evs = append(evs, event.Event{V: event.Version, ID: event.ID(l.SensorID, cur.revision), Type: typ,
@@ -392,7 +399,7 @@ func step(cur sensorRow, ok bool, l event.Log, p int, seq uint64, evs []event.Ev
 	switch l.Kind {
 	case event.KindReading:
 		if !ok {
-			cur = sensorRow{data: l.Data, changedAt: l.Time}
+			cur = stateRow{data: l.Data, changedAt: l.Time}
 			emit(event.TypeStateChanged, l.Time, l.Data, nil)
 		} else {
 			prev := cur.data
@@ -421,16 +428,16 @@ func step(cur sensorRow, ok bool, l event.Log, p int, seq uint64, evs []event.Ev
 	return cur, false, evs
 }
 
-// decoded is one READINGS message ready to apply.
-type decoded struct {
+// stateMsg is one READINGS message ready to apply.
+type stateMsg struct {
 	seq uint64
 	log event.Log
 }
 
 // decodeBatch parses msgs; malformed messages are counted and skipped (they cannot be
 // applied, and must not stop the partition), an unknown envelope version stops it.
-func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]decoded, error) {
-	out := make([]decoded, 0, len(msgs))
+func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]stateMsg, error) {
+	out := make([]stateMsg, 0, len(msgs))
 	for _, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil {
@@ -456,14 +463,54 @@ func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]decoded, error) {
 			l.Time = l.ReceivedTime
 		}
 		l.Time = l.Time.UTC().Truncate(time.Microsecond)
-		out = append(out, decoded{seq: md.Sequence.Stream, log: l})
+		out = append(out, stateMsg{seq: md.Sequence.Stream, log: l})
 	}
 	return out, nil
 }
 
+// stateCache holds the rows of one partition as the last commit of this process left them,
+// so that a batch loads only the sensors it has not seen. It is valid only while the
+// checkpoint is where that commit put it: anything else (a failed transaction, another
+// writer) empties it.
+type stateCache struct {
+	rows map[string]stateRow
+	cp   uint64 // the checkpoint after the commit the rows reflect
+	max  int
+}
+
+func newStateCache(max int) *stateCache {
+	return &stateCache{rows: make(map[string]stateRow), max: max}
+}
+
+func (c *stateCache) clear() { clear(c.rows); c.cp = 0 }
+
+const selectStateRows = `SELECT sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq
+	FROM sensor_state WHERE sensor_id = ANY($1)`
+
+func scanStateRows(rows pgx.Rows, into map[string]stateRow) error {
+	defer rows.Close()
+	for rows.Next() {
+		var id, conn string
+		var r stateRow
+		var data int16
+		var lastSeq int64
+		if err := rows.Scan(&id, &data, &r.lastSeen, &r.lastReadingTime, &r.changedAt, &r.revision, &conn, &lastSeq); err != nil {
+			return fmt.Errorf("scan sensor_state: %w", err)
+		}
+		r.data, r.lost, r.lastSeq = uint8(data), conn == "lost", uint64(lastSeq)
+		r.lastSeen, r.lastReadingTime, r.changedAt = r.lastSeen.UTC(), r.lastReadingTime.UTC(), r.changedAt.UTC()
+		into[id] = r
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("load sensor_state: %w", err)
+	}
+	return nil
+}
+
 // applyBatch applies msgs of partition p in one transaction: lock the checkpoint, skip what
-// is at or below it, upsert sensor_state, write the outbox, advance the checkpoint.
-func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg) error {
+// is at or below it, update sensor_state, write the outbox, advance the checkpoint. cache
+// may be nil.
+func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cache *stateCache) error {
 	items, err := s.decodeBatch(p, msgs)
 	if err != nil {
 		return err
@@ -473,77 +520,94 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg) err
 		return fmt.Errorf("message metadata: %w", err)
 	}
 	lastSeq := md.Sequence.Stream
-	ids := make([]string, 0, len(items))
+	if cache == nil {
+		cache = newStateCache(0)
+	}
+	if len(cache.rows) > cache.max {
+		cache.clear()
+	}
+	var ids, missing []string
 	seen := make(map[string]bool, len(items))
 	for _, it := range items {
 		if !seen[it.log.SensorID] {
 			seen[it.log.SensorID] = true
 			ids = append(ids, it.log.SensorID)
+			if _, ok := cache.rows[it.log.SensorID]; !ok {
+				missing = append(missing, it.log.SensorID)
+			}
 		}
 	}
 	start := time.Now()
 	var applied, skipped int
 	var evs []event.Event
+	var state map[string]stateRow
 	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
 		applied, skipped, evs = 0, 0, evs[:0]
+		state = make(map[string]stateRow, len(ids))
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, StateProjection, p)
 		b.Queue(`SELECT seq FROM checkpoints WHERE projection = $1 AND partition = $2 FOR UPDATE`, StateProjection, p)
-		b.Queue(`SELECT sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq
-			FROM sensor_state WHERE sensor_id = ANY($1)`, ids)
+		b.Queue(selectStateRows, missing)
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
 			br.Close()
 			return fmt.Errorf("insert checkpoint: %w", err)
 		}
-		var cp int64
-		if err := br.QueryRow().Scan(&cp); err != nil {
+		var cp64 int64
+		if err := br.QueryRow().Scan(&cp64); err != nil {
 			br.Close()
 			return fmt.Errorf("lock checkpoint: %w", err)
 		}
+		cp := uint64(cp64)
 		rows, err := br.Query()
+		if err == nil {
+			err = scanStateRows(rows, state)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 		if err != nil {
-			br.Close()
 			return fmt.Errorf("load sensor_state: %w", err)
 		}
-		state := make(map[string]sensorRow, len(ids))
-		for rows.Next() {
-			var id, conn string
-			var r sensorRow
-			var data int16
-			var lastSeq int64
-			if err := rows.Scan(&id, &data, &r.lastSeen, &r.lastReadingTime, &r.changedAt, &r.revision, &conn, &lastSeq); err != nil {
-				rows.Close()
-				br.Close()
-				return fmt.Errorf("scan sensor_state: %w", err)
+		if cp == cache.cp {
+			for _, id := range ids {
+				if r, ok := cache.rows[id]; ok {
+					state[id] = r
+				}
 			}
-			r.data, r.lost, r.lastSeq = uint8(data), conn == "lost", uint64(lastSeq)
-			r.lastSeen, r.lastReadingTime, r.changedAt = r.lastSeen.UTC(), r.lastReadingTime.UTC(), r.changedAt.UTC()
-			state[id] = r
+		} else {
+			// Not the checkpoint this process left: its cached rows may be stale.
+			cache.clear()
+			if len(missing) < len(ids) {
+				rows, err := tx.Query(ctx, selectStateRows, ids)
+				if err == nil {
+					err = scanStateRows(rows, state)
+				}
+				if err != nil {
+					return fmt.Errorf("reload sensor_state: %w", err)
+				}
+			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			br.Close()
-			return fmt.Errorf("load sensor_state: %w", err)
+		// Loaded rows are known to exist: new sensors are inserted, known ones updated.
+		exists := make(map[string]bool, len(state))
+		for id := range state {
+			exists[id] = true
 		}
-		if err := br.Close(); err != nil {
-			return err
-		}
-		if lastSeq <= uint64(cp) {
+		if lastSeq <= cp {
 			skipped = len(msgs)
 			return nil
 		}
 
 		dirty := make(map[string]bool, len(ids))
 		for _, it := range items {
-			if it.seq <= uint64(cp) {
+			if it.seq <= cp {
 				skipped++
 				continue
 			}
 			applied++
 			cur, ok := state[it.log.SensorID]
 			var touched bool
-			cur, touched, evs = step(cur, ok, it.log, p, it.seq, evs)
+			cur, touched, evs = stateStep(cur, ok, it.log, p, it.seq, evs)
 			if touched {
 				state[it.log.SensorID] = cur
 				dirty[it.log.SensorID] = true
@@ -551,37 +615,32 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg) err
 		}
 
 		w := &pgx.Batch{}
-		if len(dirty) > 0 {
-			n := len(dirty)
-			sid := make([]string, 0, n)
-			part := make([]int32, 0, n)
-			data := make([]int16, 0, n)
-			seenAt := make([]time.Time, 0, n)
-			readAt := make([]time.Time, 0, n)
-			chAt := make([]time.Time, 0, n)
-			rev := make([]int64, 0, n)
-			conn := make([]string, 0, n)
-			lseq := make([]int64, 0, n)
-			for _, id := range ids {
-				if !dirty[id] {
-					continue
-				}
-				r := state[id]
-				c := "online"
-				if r.lost {
-					c = "lost"
-				}
-				sid, part, data = append(sid, id), append(part, int32(p)), append(data, int16(r.data))
-				seenAt, readAt, chAt = append(seenAt, r.lastSeen), append(readAt, r.lastReadingTime), append(chAt, r.changedAt)
-				rev, conn, lseq = append(rev, r.revision), append(conn, c), append(lseq, int64(r.lastSeq))
+		var upd, ins stateColumns
+		for _, id := range ids {
+			if !dirty[id] {
+				continue
 			}
+			if exists[id] {
+				upd.add(id, p, state[id])
+			} else {
+				ins.add(id, p, state[id])
+			}
+		}
+		if len(upd.id) > 0 {
+			// UPDATE … FROM unnest rather than INSERT … ON CONFLICT: no speculative insertion
+			// for rows known to exist.
+			w.Queue(`UPDATE sensor_state s SET data = u.data, last_seen = u.last_seen,
+					last_reading_time = u.last_reading_time, changed_at = u.changed_at, revision = u.revision,
+					connection = u.connection, last_seq = u.last_seq
+				FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[], $8::bigint[])
+					AS u(sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+				WHERE s.sensor_id = u.sensor_id`,
+				upd.id, upd.data, upd.seen, upd.read, upd.changed, upd.rev, upd.conn, upd.seq)
+		}
+		if len(ins.id) > 0 {
 			w.Queue(`INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
-				SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])
-				ON CONFLICT (sensor_id) DO UPDATE SET partition = EXCLUDED.partition, data = EXCLUDED.data,
-					last_seen = EXCLUDED.last_seen, last_reading_time = EXCLUDED.last_reading_time,
-					changed_at = EXCLUDED.changed_at, revision = EXCLUDED.revision,
-					connection = EXCLUDED.connection, last_seq = EXCLUDED.last_seq`,
-				sid, part, data, seenAt, readAt, chAt, rev, conn, lseq)
+				SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])`,
+				ins.id, ins.part, ins.data, ins.seen, ins.read, ins.changed, ins.rev, ins.conn, ins.seq)
 		}
 		if len(evs) > 0 {
 			eid := make([]string, len(evs))
@@ -602,13 +661,33 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg) err
 		}
 		w.Queue(`UPDATE checkpoints SET seq = $3, updated_at = now() WHERE projection = $1 AND partition = $2`,
 			StateProjection, p, int64(lastSeq))
-		if err := tx.SendBatch(ctx, w).Close(); err != nil {
+		br = tx.SendBatch(ctx, w)
+		if len(upd.id) > 0 {
+			tag, err := br.Exec()
+			if err == nil && tag.RowsAffected() != int64(len(upd.id)) {
+				err = fmt.Errorf("updated %d sensor_state rows, want %d: rows vanished under the projector", tag.RowsAffected(), len(upd.id))
+			}
+			if err != nil {
+				br.Close()
+				return fmt.Errorf("update sensor_state: %w", err)
+			}
+		}
+		if err := br.Close(); err != nil {
 			return fmt.Errorf("write sensor_state, outbox and checkpoint: %w", err)
 		}
 		return nil
 	})
 	if err != nil {
+		cache.clear()
 		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
+	}
+	for id, r := range state {
+		cache.rows[id] = r
+	}
+	cache.cp = max(lastSeq, cache.cp)
+	if skipped == len(msgs) {
+		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
+		cache.clear()
 	}
 	s.m.commit.Observe(time.Since(start).Seconds())
 	s.m.batch.Observe(float64(len(msgs)))
@@ -620,6 +699,27 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg) err
 		s.m.events.WithLabelValues(e.Type).Inc()
 	}
 	return nil
+}
+
+// stateColumns are sensor_state rows as column arrays, for unnest.
+type stateColumns struct {
+	id                  []string
+	part                []int32
+	data                []int16
+	seen, read, changed []time.Time
+	rev                 []int64
+	conn                []string
+	seq                 []int64
+}
+
+func (c *stateColumns) add(id string, p int, r stateRow) {
+	conn := "online"
+	if r.lost {
+		conn = "lost"
+	}
+	c.id, c.part, c.data = append(c.id, id), append(c.part, int32(p)), append(c.data, int16(r.data))
+	c.seen, c.read, c.changed = append(c.seen, r.lastSeen), append(c.read, r.lastReadingTime), append(c.changed, r.changedAt)
+	c.rev, c.conn, c.seq = append(c.rev, r.revision), append(c.conn, conn), append(c.seq, int64(r.lastSeq))
 }
 
 type stateMetrics struct {

@@ -10,7 +10,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
-func benchEnvInt(name string, def int) int {
+func stateBenchInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
 	}
@@ -24,18 +24,18 @@ func benchEnvInt(name string, def int) int {
 // a fifth of the readings make an event. It reports readings/s until every checkpoint is at
 // the end of its partition, and events/s until the relay has emptied the outbox as well.
 func BenchmarkStateProjector(b *testing.B) {
-	readings := benchEnvInt("LOCKS_BENCH_STATE_READINGS", 1_000_000)
-	sensors := benchEnvInt("LOCKS_BENCH_STATE_SENSORS", 100_000)
+	readings := stateBenchInt("LOCKS_BENCH_STATE_READINGS", 1_000_000)
+	sensors := stateBenchInt("LOCKS_BENCH_STATE_SENSORS", 100_000)
 	for range b.N {
 		b.StopTimer()
 		e := newStateEnv(b, 16)
 		r := rand.New(rand.NewPCG(11, 12))
-		logs := randomReadings(r, sensorIDs(r, sensors), readings, 0.8, t0)
-		var pub published
+		logs := stateRandomReadings(r, stateSensorIDs(r, sensors), readings, 0.8, stateT0)
+		var pub statePublished
 		setup := time.Now()
 		e.publish(b, e.nats.JS, logs, &pub)
-		b.Logf("published %d readings over %d sensors in %s", readings, sensors, time.Since(setup).Round(time.Millisecond))
-		events := buildModel(&pub, e.n).total
+		b.Logf("statePublished %d readings over %d sensors in %s", readings, sensors, time.Since(setup).Round(time.Millisecond))
+		events := buildStateModel(&pub, e.n).total
 
 		b.StartTimer()
 		start := time.Now()
@@ -63,13 +63,13 @@ func BenchmarkStateProjector(b *testing.B) {
 			}
 		}
 		if b.N == 1 {
-			checkAgainstModel(b, e, &pub)
+			checkStateAgainstModel(b, e, &pub)
 		}
 	}
 }
 
 // checkpointsAt says whether every partition's checkpoint is at its last sequence.
-func (e *stateEnv) checkpointsAt(t testing.TB, pub *published) bool {
+func (e *stateEnv) checkpointsAt(t testing.TB, pub *statePublished) bool {
 	rows, err := e.pg.Query(t.Context(), `SELECT partition, seq FROM checkpoints WHERE projection = 'state'`)
 	if err != nil {
 		t.Fatal(err)

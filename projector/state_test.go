@@ -35,24 +35,27 @@ type stateEnv struct {
 	reg   *prometheus.Registry // of the last State run by runState
 }
 
-func newStateEnv(t testing.TB, n int) *stateEnv {
+func newStateEnv(t testing.TB, n int) *stateEnv { return newStateEnvDup(t, n, 0) }
+
+// newStateEnvDup sets the streams' de-duplication window (0: the default).
+func newStateEnvDup(t testing.TB, n int, dup time.Duration) *stateEnv {
 	t.Helper()
 	e := &stateEnv{nats: testenv.NATS(t), n: n}
 	e.pgURL, e.pg = testenv.Postgres(t)
-	if err := natsx.Declare(t.Context(), e.nats.JS, natsx.StreamsConfig{Partitions: n, LostAfter: time.Hour}); err != nil {
+	if err := natsx.Declare(t.Context(), e.nats.JS, natsx.StreamsConfig{Partitions: n, LostAfter: time.Hour, Duplicates: dup}); err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
 
-// published is a log as the stream holds it: each message with its stream sequence.
-type published struct {
+// statePublished is a log as the stream holds it: each message with its stream sequence.
+type statePublished struct {
 	logs   []event.Log
 	seqs   []uint64
 	maxSeq map[int]uint64 // last sequence per partition
 }
 
-func msgID(l event.Log) string {
+func stateMsgID(l event.Log) string {
 	if l.MessageID != "" {
 		return l.MessageID
 	}
@@ -61,7 +64,7 @@ func msgID(l event.Log) string {
 
 // publish appends logs to READINGS in order (async, in windows), retrying through NATS
 // restarts; the message id makes a retried append count once.
-func (e *stateEnv) publish(t testing.TB, js jetstream.JetStream, logs []event.Log, into *published) {
+func (e *stateEnv) publish(t testing.TB, js jetstream.JetStream, logs []event.Log, into *statePublished) {
 	t.Helper()
 	if into.maxSeq == nil {
 		into.maxSeq = map[int]uint64{}
@@ -73,8 +76,8 @@ func (e *stateEnv) publish(t testing.TB, js jetstream.JetStream, logs []event.Lo
 		var err error
 		for _, l := range logs[start:end] {
 			var f jetstream.PubAckFuture
-			f, err = js.PublishMsgAsync(&nats.Msg{Subject: natsx.ReadingsSubject(l.SensorID), Data: mustJSON(t, l)},
-				jetstream.WithMsgID(msgID(l)))
+			f, err = js.PublishMsgAsync(&nats.Msg{Subject: natsx.ReadingsSubject(l.SensorID), Data: stateJSON(t, l)},
+				jetstream.WithMsgID(stateMsgID(l)))
 			if err != nil {
 				break
 			}
@@ -111,7 +114,7 @@ func (e *stateEnv) publish(t testing.TB, js jetstream.JetStream, logs []event.Lo
 	}
 }
 
-func mustJSON(t testing.TB, l event.Log) []byte {
+func stateJSON(t testing.TB, l event.Log) []byte {
 	b, err := json.Marshal(l)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +156,7 @@ func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partitio
 
 // waitCaughtUp waits until every partition's checkpoint reaches its last sequence and the
 // outbox is empty (so EVENTS holds every event).
-func (e *stateEnv) waitCaughtUp(t testing.TB, pub *published, within time.Duration) {
+func (e *stateEnv) waitCaughtUp(t testing.TB, pub *statePublished, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -177,8 +180,8 @@ func (e *stateEnv) waitCaughtUp(t testing.TB, pub *published, within time.Durati
 	}
 }
 
-// readEvents reads the whole EVENTS stream in order.
-func readEvents(t testing.TB, js jetstream.JetStream) []event.Event {
+// readStateEvents reads the whole EVENTS stream in order.
+func readStateEvents(t testing.TB, js jetstream.JetStream) []event.Event {
 	t.Helper()
 	ctx := t.Context()
 	st, err := js.Stream(ctx, natsx.EventsStream)
@@ -224,7 +227,7 @@ func readEvents(t testing.TB, js jetstream.JetStream) []event.Event {
 
 // The model: an independent, plain rendering of the rules of CONTRACT.md section 2.
 
-type modelRow struct {
+type stateModelRow struct {
 	Partition       int
 	Data            uint8
 	LastSeen        time.Time
@@ -235,7 +238,7 @@ type modelRow struct {
 	LastSeq         uint64
 }
 
-type modelEvent struct {
+type stateModelEvent struct {
 	Type       string
 	Data       uint8
 	Prev       string // "" for null
@@ -244,17 +247,17 @@ type modelEvent struct {
 	OccurredAt time.Time
 }
 
-type model struct {
-	rows   map[string]*modelRow
-	events map[string][]modelEvent
+type stateModel struct {
+	rows   map[string]*stateModelRow
+	events map[string][]stateModelEvent
 	total  int
 }
 
-func buildModel(pub *published, n int) model {
-	m := model{rows: map[string]*modelRow{}, events: map[string][]modelEvent{}}
-	add := func(id string, r *modelRow, typ string, at time.Time, data uint8, prev string, seq uint64) {
+func buildStateModel(pub *statePublished, n int) stateModel {
+	m := stateModel{rows: map[string]*stateModelRow{}, events: map[string][]stateModelEvent{}}
+	add := func(id string, r *stateModelRow, typ string, at time.Time, data uint8, prev string, seq uint64) {
 		r.Revision++
-		m.events[id] = append(m.events[id], modelEvent{Type: typ, Data: data, Prev: prev, Revision: r.Revision, Seq: seq, OccurredAt: at})
+		m.events[id] = append(m.events[id], stateModelEvent{Type: typ, Data: data, Prev: prev, Revision: r.Revision, Seq: seq, OccurredAt: at})
 		m.total++
 	}
 	for i, l := range pub.logs {
@@ -263,7 +266,7 @@ func buildModel(pub *published, n int) model {
 		switch l.Kind {
 		case event.KindReading:
 			if r == nil {
-				r = &modelRow{Partition: partition.Of(l.SensorID, n), Data: l.Data, ChangedAt: l.Time, Connection: "online"}
+				r = &stateModelRow{Partition: partition.Of(l.SensorID, n), Data: l.Data, ChangedAt: l.Time, Connection: "online"}
 				m.rows[l.SensorID] = r
 				add(l.SensorID, r, event.TypeStateChanged, l.Time, l.Data, "", seq)
 			} else {
@@ -288,17 +291,17 @@ func buildModel(pub *published, n int) model {
 	return m
 }
 
-func loadRows(t testing.TB, pg *pgxpool.Pool) map[string]modelRow {
+func loadStateRows(t testing.TB, pg *pgxpool.Pool) map[string]stateModelRow {
 	t.Helper()
 	rows, err := pg.Query(t.Context(), `SELECT sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq FROM sensor_state`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	out := map[string]modelRow{}
+	out := map[string]stateModelRow{}
 	for rows.Next() {
 		var id string
-		var r modelRow
+		var r stateModelRow
 		var data int16
 		var seq int64
 		if err := rows.Scan(&id, &r.Partition, &data, &r.LastSeen, &r.LastReadingTime, &r.ChangedAt, &r.Revision, &r.Connection, &seq); err != nil {
@@ -314,11 +317,11 @@ func loadRows(t testing.TB, pg *pgxpool.Pool) map[string]modelRow {
 	return out
 }
 
-// checkAgainstModel asserts sensor_state and EVENTS are exactly what the model says.
-func checkAgainstModel(t testing.TB, e *stateEnv, pub *published) {
+// checkStateAgainstModel asserts sensor_state and EVENTS are exactly what the model says.
+func checkStateAgainstModel(t testing.TB, e *stateEnv, pub *statePublished) {
 	t.Helper()
-	m := buildModel(pub, e.n)
-	got := loadRows(t, e.pg)
+	m := buildStateModel(pub, e.n)
+	got := loadStateRows(t, e.pg)
 	if len(got) != len(m.rows) {
 		t.Errorf("sensor_state has %d rows, want %d", len(got), len(m.rows))
 	}
@@ -330,7 +333,7 @@ func checkAgainstModel(t testing.TB, e *stateEnv, pub *published) {
 			}
 		}
 	}
-	evs := readEvents(t, e.nats.JS)
+	evs := readStateEvents(t, e.nats.JS)
 	if len(evs) != m.total {
 		t.Errorf("EVENTS holds %d events, want %d", len(evs), m.total)
 	}
@@ -341,13 +344,13 @@ func checkAgainstModel(t testing.TB, e *stateEnv, pub *published) {
 	bad = 0
 	for id, want := range m.events {
 		have := per[id]
-		gotM := make([]modelEvent, len(have))
+		gotM := make([]stateModelEvent, len(have))
 		for i, ev := range have {
 			prev := ""
 			if ev.PreviousData != nil {
 				prev = strconv.Itoa(int(*ev.PreviousData))
 			}
-			gotM[i] = modelEvent{Type: ev.Type, Data: ev.Data, Prev: prev, Revision: ev.Revision, Seq: ev.Seq, OccurredAt: ev.OccurredAt.UTC()}
+			gotM[i] = stateModelEvent{Type: ev.Type, Data: ev.Data, Prev: prev, Revision: ev.Revision, Seq: ev.Seq, OccurredAt: ev.OccurredAt.UTC()}
 			if ev.ID != event.ID(id, ev.Revision) || ev.Partition != partition.Of(id, e.n) {
 				t.Errorf("event %+v: wrong id or partition", ev)
 			}
@@ -365,9 +368,9 @@ func checkAgainstModel(t testing.TB, e *stateEnv, pub *published) {
 	}
 }
 
-// randomReadings makes count readings of sensors ids, each repeating its last value with
+// stateRandomReadings makes count readings of sensors ids, each repeating its last value with
 // probability repeat; times are strictly increasing, in microseconds.
-func randomReadings(r *rand.Rand, ids []string, count int, repeat float64, t0 time.Time) []event.Log {
+func stateRandomReadings(r *rand.Rand, ids []string, count int, repeat float64, start time.Time) []event.Log {
 	last := map[string]uint8{}
 	logs := make([]event.Log, count)
 	for i := range logs {
@@ -377,7 +380,7 @@ func randomReadings(r *rand.Rand, ids []string, count int, repeat float64, t0 ti
 			d = uint8(r.IntN(2))
 		}
 		last[id] = d
-		recv := t0.Add(time.Duration(i) * time.Millisecond)
+		recv := start.Add(time.Duration(i) * time.Millisecond)
 		logs[i] = event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d,
 			Time: recv.Add(-time.Duration(r.IntN(1000)) * time.Microsecond), ReceivedTime: recv,
 			MessageID: "m" + strconv.FormatInt(recv.UnixNano(), 36)}
@@ -385,7 +388,7 @@ func randomReadings(r *rand.Rand, ids []string, count int, repeat float64, t0 ti
 	return logs
 }
 
-func sensorIDs(r *rand.Rand, n int) []string {
+func stateSensorIDs(r *rand.Rand, n int) []string {
 	const abc = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 	ids := make([]string, n)
 	for i := range ids {
@@ -401,19 +404,19 @@ func sensorIDs(r *rand.Rand, n int) []string {
 	return ids
 }
 
-var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+var stateT0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 
 func TestStateTenThousandReadings(t *testing.T) {
 	t.Parallel()
 	e := newStateEnv(t, 8)
 	r := rand.New(rand.NewPCG(1, 2))
-	ids := sensorIDs(r, 1000)
-	var pub published
-	e.publish(t, e.nats.JS, randomReadings(r, ids, 10000, 0.6, t0), &pub)
+	ids := stateSensorIDs(r, 1000)
+	var pub statePublished
+	e.publish(t, e.nats.JS, stateRandomReadings(r, ids, 10000, 0.6, stateT0), &pub)
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	e.waitCaughtUp(t, &pub, 60*time.Second)
-	checkAgainstModel(t, e, &pub)
-	m := buildModel(&pub, e.n)
+	checkStateAgainstModel(t, e, &pub)
+	m := buildStateModel(&pub, e.n)
 	t.Logf("%d readings of %d sensors: %d events", len(pub.logs), len(ids), m.total)
 	if m.total <= len(ids) || m.total >= 10000 {
 		t.Fatalf("test data: %d events of 10000 readings over %d sensors: want repeats and changes", m.total, len(ids))
@@ -454,10 +457,13 @@ func TestStateCrash(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		point string
+		// dup is the de-duplication window; the restart waits it out, so that only the
+		// relay's own check keeps a republished event from being stored twice.
+		dup time.Duration
 		// left checks what the crash left behind, so the test shows it crashed where it says.
 		left func(t *testing.T, e *stateEnv)
 	}{
-		{CrashStateAfterCommit + ":3", func(t *testing.T, e *stateEnv) {
+		{CrashStateAfterCommit + ":3", 0, func(t *testing.T, e *stateEnv) {
 			// Committed but never acked: some checkpoint is past its consumer's ack floor.
 			ahead := false
 			rows, err := e.pg.Query(t.Context(), `SELECT partition, seq FROM checkpoints WHERE projection = 'state'`)
@@ -471,7 +477,7 @@ func TestStateCrash(t *testing.T) {
 				if err := rows.Scan(&p, &seq); err != nil {
 					t.Fatal(err)
 				}
-				c, err := e.nats.JS.Consumer(t.Context(), natsx.ReadingsStream, consumerName(p))
+				c, err := e.nats.JS.Consumer(t.Context(), natsx.ReadingsStream, stateConsumerName(p))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -487,14 +493,14 @@ func TestStateCrash(t *testing.T) {
 				t.Error("after the crash no checkpoint is ahead of its consumer's ack floor")
 			}
 		}},
-		{CrashRelayAfterPublish + ":2", func(t *testing.T, e *stateEnv) {
+		{CrashRelayAfterPublish + ":2", time.Second, func(t *testing.T, e *stateEnv) {
 			// Published but not deleted: outbox rows whose events are in EVENTS already.
 			var ids []string
 			if err := e.pg.QueryRow(t.Context(), `SELECT coalesce(array_agg(event_id), '{}') FROM outbox`).Scan(&ids); err != nil {
 				t.Fatal(err)
 			}
 			in := map[string]bool{}
-			for _, ev := range readEvents(t, e.nats.JS) {
+			for _, ev := range readStateEvents(t, e.nats.JS) {
 				in[ev.ID] = true
 			}
 			both := 0
@@ -510,10 +516,10 @@ func TestStateCrash(t *testing.T) {
 	} {
 		t.Run(tc.point, func(t *testing.T) {
 			t.Parallel()
-			e := newStateEnv(t, 4)
+			e := newStateEnvDup(t, 4, tc.dup)
 			r := rand.New(rand.NewPCG(3, 4))
-			var pub published
-			e.publish(t, e.nats.JS, randomReadings(r, sensorIDs(r, 300), 6000, 0.5, t0), &pub)
+			var pub statePublished
+			e.publish(t, e.nats.JS, stateRandomReadings(r, stateSensorIDs(r, 300), 6000, 0.5, stateT0), &pub)
 
 			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHelperStateProcess$", "-test.count=1")
 			cmd.Env = append(os.Environ(), "LOCKS_TEST_STATE_CHILD=1", crashpoint.Env+"="+tc.point,
@@ -524,10 +530,11 @@ func TestStateCrash(t *testing.T) {
 				t.Fatalf("child: %v, want exit code %d; output:\n%s", err, crashpoint.ExitCode, out)
 			}
 			tc.left(t, e)
+			time.Sleep(tc.dup + 200*time.Millisecond)
 
 			e.runState(t, e.nats.JS, partition.All(e.n))
 			e.waitCaughtUp(t, &pub, 60*time.Second)
-			checkAgainstModel(t, e, &pub)
+			checkStateAgainstModel(t, e, &pub)
 		})
 	}
 }
@@ -536,9 +543,9 @@ func TestStateNATSRestart(t *testing.T) {
 	t.Parallel()
 	e := newStateEnv(t, 4)
 	r := rand.New(rand.NewPCG(5, 6))
-	ids := sensorIDs(r, 500)
-	logs := randomReadings(r, ids, 10000, 0.5, t0)
-	var pub published
+	ids := stateSensorIDs(r, 500)
+	logs := stateRandomReadings(r, ids, 10000, 0.5, stateT0)
+	var pub statePublished
 	e.publish(t, e.nats.JS, logs[:5000], &pub)
 
 	// The projector on a connection of its own that rides out the restart, as in production.
@@ -568,18 +575,18 @@ func TestStateNATSRestart(t *testing.T) {
 	e.publish(t, e.nats.JS, logs[5000:], &pub)
 	e.waitCaughtUp(t, &pub, 90*time.Second)
 	stop()
-	checkAgainstModel(t, e, &pub)
+	checkStateAgainstModel(t, e, &pub)
 }
 
-// livenessScript is a log with liveness facts, and what it must yield per sensor.
-func livenessScript() ([]event.Log, map[string][]string, map[string]string) {
+// stateLivenessScript is a log with liveness facts, and what it must yield per sensor.
+func stateLivenessScript() ([]event.Log, map[string][]string, map[string]string) {
 	h := time.Hour
 	rd := func(id string, d uint8, at time.Duration) event.Log {
-		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d, Time: t0.Add(at), ReceivedTime: t0.Add(at),
+		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d, Time: stateT0.Add(at), ReceivedTime: stateT0.Add(at),
 			MessageID: id + "/" + at.String()}
 	}
 	fact := func(id string, at, lostAfter time.Duration) event.Log {
-		return event.Log{V: event.Version, Kind: event.KindLivenessTimeout, SensorID: id, ReceivedTime: t0.Add(at), Time: t0.Add(at), LostAfter: lostAfter}
+		return event.Log{V: event.Version, Kind: event.KindLivenessTimeout, SensorID: id, ReceivedTime: stateT0.Add(at), Time: stateT0.Add(at), LostAfter: lostAfter}
 	}
 	logs := []event.Log{
 		// lost after a full hour of silence; the next reading restores it and changes it.
@@ -609,12 +616,12 @@ func livenessScript() ([]event.Log, map[string][]string, map[string]string) {
 
 func TestStateLiveness(t *testing.T) {
 	t.Parallel()
-	logs, want, conn := livenessScript()
+	logs, want, conn := stateLivenessScript()
 	// Many batches or one: the same rows and events.
 	var envs []*stateEnv
 	for _, batchOne := range []bool{false, true} {
 		e := newStateEnv(t, 2)
-		var pub published
+		var pub statePublished
 		e.publish(t, e.nats.JS, logs, &pub)
 		s, err := NewState(StateConfig{Partitions: partition.All(e.n), PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
 			BatchSize: map[bool]int{false: 1000, true: 1}[batchOne]},
@@ -630,13 +637,13 @@ func TestStateLiveness(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		checkAgainstModel(t, e, &pub)
+		checkStateAgainstModel(t, e, &pub)
 
 		got := map[string][]string{}
-		for _, ev := range readEvents(t, e.nats.JS) {
+		for _, ev := range readStateEvents(t, e.nats.JS) {
 			got[ev.SensorID] = append(got[ev.SensorID], ev.Type)
 		}
-		rows := loadRows(t, e.pg)
+		rows := loadStateRows(t, e.pg)
 		for id, w := range want {
 			if !slices.Equal(got[id], w) {
 				t.Errorf("sensor %s: events %v, want %v", id, got[id], w)
@@ -651,13 +658,13 @@ func TestStateLiveness(t *testing.T) {
 		envs = append(envs, e)
 	}
 	// Replaying the same log into a fresh database gives the same rows and events.
-	compareEnvs(t, envs[0], envs[1])
+	compareStateEnvs(t, envs[0], envs[1])
 }
 
-// compareEnvs asserts two runs ended with the same sensor_state and the same events.
-func compareEnvs(t *testing.T, a, b *stateEnv) {
+// compareStateEnvs asserts two runs ended with the same sensor_state and the same events.
+func compareStateEnvs(t *testing.T, a, b *stateEnv) {
 	t.Helper()
-	ra, rb := loadRows(t, a.pg), loadRows(t, b.pg)
+	ra, rb := loadStateRows(t, a.pg), loadStateRows(t, b.pg)
 	if len(ra) != len(rb) {
 		t.Errorf("%d rows vs %d", len(ra), len(rb))
 	}
@@ -666,7 +673,7 @@ func compareEnvs(t *testing.T, a, b *stateEnv) {
 			t.Errorf("sensor %s: %+v vs %+v", id, r, rb[id])
 		}
 	}
-	ea, eb := readEvents(t, a.nats.JS), readEvents(t, b.nats.JS)
+	ea, eb := readStateEvents(t, a.nats.JS), readStateEvents(t, b.nats.JS)
 	key := func(x, y event.Event) int {
 		if x.SensorID != y.SensorID {
 			if x.SensorID < y.SensorID {
@@ -693,8 +700,8 @@ func compareEnvs(t *testing.T, a, b *stateEnv) {
 func TestStateSplitPartitions(t *testing.T) {
 	t.Parallel()
 	r := rand.New(rand.NewPCG(7, 8))
-	ids := sensorIDs(r, 300)
-	logs := randomReadings(r, ids, 4000, 0.5, t0)
+	ids := stateSensorIDs(r, 300)
+	logs := stateRandomReadings(r, ids, 4000, 0.5, stateT0)
 	// Liveness facts for a third of the sensors, some in time and some stale.
 	end := logs[len(logs)-1].ReceivedTime
 	for i, id := range ids {
@@ -703,10 +710,10 @@ func TestStateSplitPartitions(t *testing.T) {
 				ReceivedTime: end.Add(time.Duration(i%2) * time.Hour), Time: end, LostAfter: time.Hour})
 		}
 	}
-	logs = append(logs, randomReadings(r, ids[:50], 200, 0.5, end.Add(2*time.Hour))...)
+	logs = append(logs, stateRandomReadings(r, ids[:50], 200, 0.5, end.Add(2*time.Hour))...)
 
 	one, two := newStateEnv(t, 6), newStateEnv(t, 6)
-	var pubOne, pubTwo published
+	var pubOne, pubTwo statePublished
 	one.publish(t, one.nats.JS, logs, &pubOne)
 	two.publish(t, two.nats.JS, logs, &pubTwo)
 
@@ -730,10 +737,10 @@ func TestStateSplitPartitions(t *testing.T) {
 	}
 	one.waitCaughtUp(t, &pubOne, 60*time.Second)
 	two.waitCaughtUp(t, &pubTwo, 60*time.Second)
-	checkAgainstModel(t, one, &pubOne)
-	compareEnvs(t, one, two)
+	checkStateAgainstModel(t, one, &pubOne)
+	compareStateEnvs(t, one, two)
 	lost := 0
-	for _, r := range loadRows(t, one.pg) {
+	for _, r := range loadStateRows(t, one.pg) {
 		if r.Connection == "lost" {
 			lost++
 		}
@@ -743,52 +750,72 @@ func TestStateSplitPartitions(t *testing.T) {
 	}
 }
 
-// A batch delivered again after its commit (its ack lost) changes nothing.
+// A batch delivered again after its commit (its ack lost) changes nothing, with or without
+// the row cache; and a cache never outlives a write it did not make.
 func TestStateSkipsAppliedMessages(t *testing.T) {
 	t.Parallel()
-	e := newStateEnv(t, 1)
-	r := rand.New(rand.NewPCG(9, 10))
-	var pub published
-	e.publish(t, e.nats.JS, randomReadings(r, sensorIDs(r, 20), 300, 0.5, t0), &pub)
-	c, err := e.nats.JS.CreateConsumer(t.Context(), natsx.ReadingsStream, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
-	if err != nil {
-		t.Fatal(err)
+	type step struct {
+		from, to int // messages [from, to)
+		writer   int // which cache applies it (-1: none)
 	}
-	msgs, err := drain(c.Fetch(300, jetstream.FetchMaxWait(5*time.Second)))
-	if err != nil || len(msgs) != 300 {
-		t.Fatalf("fetched %d messages: %v", len(msgs), err)
-	}
-	s, err := NewState(StateConfig{Partitions: partition.All(1), PartitionCount: 1},
-		StateDeps{JS: e.nats.JS, PG: e.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := func() (n int) {
-		_ = e.pg.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n)
-		return n
-	}
-	// The first half, then all of it: the first half is skipped message by message.
-	for _, batch := range [][]jetstream.Msg{msgs[:150], msgs, msgs, msgs[:10]} {
-		if err := s.applyBatch(t.Context(), 0, batch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	m := buildModel(&pub, 1)
-	if n := count(); n != m.total {
-		t.Errorf("outbox has %d rows, want %d", n, m.total)
-	}
-	got := loadRows(t, e.pg)
-	for id, want := range m.rows {
-		if got[id] != *want {
-			t.Errorf("sensor %s: %+v, want %+v", id, got[id], *want)
-		}
-	}
-	if v := testutilCounter(s.m.applied); v != 300 {
-		t.Errorf("applied %v messages, want 300", v)
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"no cache", []step{{0, 150, -1}, {0, 300, -1}, {0, 300, -1}, {0, 10, -1}}},
+		{"cache", []step{{0, 150, 0}, {0, 300, 0}, {0, 300, 0}, {0, 10, 0}}},
+		{"two writers alternate", []step{{0, 100, 0}, {100, 200, 1}, {200, 250, 0}, {150, 300, 1}, {0, 300, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newStateEnv(t, 1)
+			r := rand.New(rand.NewPCG(9, 10))
+			var pub statePublished
+			// Few sensors, so that every batch meets sensors the other writer changed.
+			e.publish(t, e.nats.JS, stateRandomReadings(r, stateSensorIDs(r, 20), 300, 0.5, stateT0), &pub)
+			c, err := e.nats.JS.CreateConsumer(t.Context(), natsx.ReadingsStream, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := stateDrain(c.Fetch(300, jetstream.FetchMaxWait(5*time.Second)))
+			if err != nil || len(msgs) != 300 {
+				t.Fatalf("fetched %d messages: %v", len(msgs), err)
+			}
+			s, err := NewState(StateConfig{Partitions: partition.All(1), PartitionCount: 1},
+				StateDeps{JS: e.nats.JS, PG: e.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			caches := []*stateCache{newStateCache(1000), newStateCache(1000)}
+			for _, st := range tc.steps {
+				var c *stateCache
+				if st.writer >= 0 {
+					c = caches[st.writer]
+				}
+				if err := s.applyBatch(t.Context(), 0, msgs[st.from:st.to], c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m := buildStateModel(&pub, 1)
+			var n int
+			_ = e.pg.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&n)
+			if n != m.total {
+				t.Errorf("outbox has %d rows, want %d", n, m.total)
+			}
+			got := loadStateRows(t, e.pg)
+			for id, want := range m.rows {
+				if got[id] != *want {
+					t.Errorf("sensor %s: %+v, want %+v", id, got[id], *want)
+				}
+			}
+			if v := stateCounterValue(s.m.applied); v != 300 {
+				t.Errorf("applied %v messages, want 300", v)
+			}
+		})
 	}
 }
 
-func testutilCounter(c prometheus.Counter) float64 {
+func stateCounterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
