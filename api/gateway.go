@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"reflect"
 	"sort"
+	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -52,8 +55,36 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
 		}
+		// Proto strings are UTF-8: anything else in the path or query would fail only when
+		// the gateway marshals the gRPC request, as an internal error.
+		if err := checkUTF8(r); err != nil {
+			_, out := runtime.MarshalerForRequest(mux, r)
+			runtime.HTTPError(r.Context(), mux, out, w, r, status.Error(codes.InvalidArgument, err.Error()))
+			return
+		}
 		mux.ServeHTTP(w, r)
 	}), nil
+}
+
+func checkUTF8(r *http.Request) error {
+	if !utf8.ValidString(r.URL.Path) {
+		return errors.New("path: not valid UTF-8")
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return fmt.Errorf("query: %w", err)
+	}
+	for k, vs := range q {
+		if !utf8.ValidString(k) {
+			return errors.New("query: a parameter name is not valid UTF-8")
+		}
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				return fmt.Errorf("%s: not valid UTF-8", k)
+			}
+		}
+	}
+	return nil
 }
 
 // errorHandler writes the gateway's error body with httpStatus's status (412 for a stale

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -47,20 +49,29 @@ type env struct {
 	history locksv1.HistoryServiceClient
 }
 
-type envOpt func(*Config)
+type envOpt func(*Config, *Deps)
 
-func withTokens(tokens ...string) envOpt { return func(c *Config) { c.Tokens = tokens } }
-func withPrivateWebhooks() envOpt        { return func(c *Config) { c.WebhookAllowPrivate = true } }
+func withTokens(tokens ...string) envOpt { return func(c *Config, _ *Deps) { c.Tokens = tokens } }
+func withPrivateWebhooks() envOpt        { return func(c *Config, _ *Deps) { c.WebhookAllowPrivate = true } }
+
+// withStderrLog logs warnings and errors to stderr instead of the test log, for fuzz
+// targets, during which the F's log must not be used.
+func withStderrLog() envOpt {
+	return func(_ *Config, d *Deps) {
+		d.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+}
 
 func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
 	_, db := testenv.Postgres(t)
 	cfg := Config{GRPCAddr: "127.0.0.1:0", Tokens: []string{testToken, "second-token-0123456789"}}
-	for _, o := range opts {
-		o(&cfg)
-	}
 	reg := prometheus.NewRegistry()
-	srv, err := New(cfg, Deps{DB: db, Logger: testenv.Logger(t), Registerer: reg})
+	deps := Deps{DB: db, Logger: testenv.Logger(t), Registerer: reg}
+	for _, o := range opts {
+		o(&cfg, &deps)
+	}
+	srv, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,3 +270,10 @@ type nopListener struct{}
 func (nopListener) Accept() (net.Conn, error) { return nil, net.ErrClosed }
 func (nopListener) Close() error              { return nil }
 func (nopListener) Addr() net.Addr            { return &net.TCPAddr{} }
+
+// with is e reporting to t (a subtest or fuzz iteration).
+func (e *env) with(t testing.TB) *env {
+	c := *e
+	c.t = t
+	return &c
+}
