@@ -19,7 +19,8 @@ func stateBenchInt(name string, def int) int {
 
 // BenchmarkStateProjector times the state projector applying a READINGS stream that is
 // already full: 1,000,000 readings over 100,000 sensors in 16 partitions (change them with
-// LOCKS_BENCH_STATE_READINGS and LOCKS_BENCH_STATE_SENSORS). A sensor's reading repeats its
+// LOCKS_BENCH_STATE_READINGS and LOCKS_BENCH_STATE_SENSORS; LOCKS_BENCH_STATE_BATCH sets the
+// batch size). A sensor's reading repeats its
 // last value 90% of the time (door sensors report far more often than doors move), so about
 // a fifth of the readings make an event. It reports readings/s until every checkpoint is at
 // the end of its partition, and events/s until the relay has emptied the outbox as well.
@@ -29,12 +30,13 @@ func BenchmarkStateProjector(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		e := newStateEnv(b, 16)
+		e.batch = stateBenchInt("LOCKS_BENCH_STATE_BATCH", 0)
 		r := rand.New(rand.NewPCG(11, 12))
 		logs := stateRandomReadings(r, stateSensorIDs(r, sensors), readings, 0.8, stateT0)
 		var pub statePublished
 		setup := time.Now()
 		e.publish(b, e.nats.JS, logs, &pub)
-		b.Logf("statePublished %d readings over %d sensors in %s", readings, sensors, time.Since(setup).Round(time.Millisecond))
+		b.Logf("published %d readings over %d sensors in %s", readings, sensors, time.Since(setup).Round(time.Millisecond))
 		events := buildStateModel(&pub, e.n).total
 
 		b.StartTimer()

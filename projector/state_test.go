@@ -33,6 +33,7 @@ type stateEnv struct {
 	pg    *pgxpool.Pool
 	n     int                  // partitions
 	reg   *prometheus.Registry // of the last State run by runState
+	batch int                  // StateConfig.BatchSize for runState (0: the default)
 }
 
 func newStateEnv(t testing.TB, n int) *stateEnv { return newStateEnvDup(t, n, 0) }
@@ -126,8 +127,8 @@ func stateJSON(t testing.TB, l event.Log) []byte {
 func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partition.Set) (stop func()) {
 	t.Helper()
 	e.reg = prometheus.NewRegistry()
-	s, err := NewState(StateConfig{Partitions: parts, PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond},
-		StateDeps{JS: js, PG: e.pg, Log: testenv.Logger(t), Reg: e.reg})
+	s, err := NewState(StateConfig{Partitions: parts, PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
+		BatchSize: e.batch}, StateDeps{JS: js, PG: e.pg, Log: testenv.Logger(t), Reg: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
