@@ -86,7 +86,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	if len(suspects) == 0 {
 		return 0, nil
 	}
-	kv, err := w.js.KeyValue(ctx, natsx.LivenessBucket)
+	kvs, err := w.js.Stream(ctx, kvStream)
 	if err != nil {
 		return 0, fmt.Errorf("liveness bucket: %w", err)
 	}
@@ -94,17 +94,18 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	for _, s := range suspects {
 		// Look again: a reading may have refreshed it since the snapshot.
 		var rev uint64
-		e, err := kv.Get(ctx, s.sensor)
+		m, err := kvs.GetLastMsgForSubject(ctx, kvSubject(s.sensor))
 		switch {
 		case err == nil:
+			if m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+				continue // an expiry: the expiry path settles it
+			}
 			var v keyValue
-			if json.Unmarshal(e.Value(), &v) == nil && v.Seq >= s.lastSeq {
+			if json.Unmarshal(m.Data, &v) == nil && v.Seq >= s.lastSeq {
 				continue
 			}
-			rev = e.Revision()
-		case errors.Is(err, jetstream.ErrKeyDeleted):
-			continue // a marker: the expiry path settles it
-		case errors.Is(err, jetstream.ErrKeyNotFound):
+			rev = m.Sequence
+		case errors.Is(err, jetstream.ErrMsgNotFound):
 		default:
 			return repairs, fmt.Errorf("liveness key %s: %w", s.sensor, err)
 		}

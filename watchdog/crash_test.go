@@ -1,0 +1,139 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+)
+
+// childEnv switches the test binary into running a watchdog (see TestMain).
+const childEnv = "LOCKS_WATCHDOG_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+// runChild runs a watchdog from LOCKS_TEST_* variables until SIGTERM (or a crash point).
+func runChild() int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	nc, err := natsx.Connect(os.Getenv("LOCKS_TEST_CHILD_NATS"), "watchdog-child", log)
+	if err != nil {
+		log.Error("child", "err", err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 1
+	}
+	pg, err := pgxpool.New(ctx, os.Getenv("LOCKS_TEST_CHILD_PG"))
+	if err != nil {
+		return 1
+	}
+	defer pg.Close()
+	w, err := New(Config{Partitions: testPartitions, LostAfter: lostAfter},
+		Deps{JS: js, PG: pg, Log: log, Reg: prometheus.NewRegistry(),
+			Lag: RabbitLag(os.Getenv("LOCKS_TEST_CHILD_AMQP"), os.Getenv("LOCKS_TEST_CHILD_QUEUE"), 0, 50*time.Millisecond)})
+	if err != nil {
+		log.Error("child", "err", err)
+		return 1
+	}
+	if err := w.Run(ctx); err != nil {
+		log.Error("child", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// TestCrashAfterFact kills the watchdog right after it appended a fact and before it marked
+// the key declared; the restarted watchdog settles the same expiry again: still one fact.
+func TestCrashAfterFact(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, lostAfter)
+	pgURL := e.pg.Config().ConnString()
+	f := e.collectFacts()
+	child := func(crash string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=1",
+			"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+pgURL,
+			"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
+			crashpoint.Env+"="+crash)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	first := child("watchdog.after_fact")
+	exited := make(chan error, 1)
+	go func() { exited <- first.Wait() }()
+	e.reading("crashy")
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
+			t.Fatalf("child exited with %v, want the crash point's %d", err, crashpoint.ExitCode)
+		}
+	case <-time.After(20 * time.Second):
+		_ = first.Process.Kill()
+		t.Fatal("the child did not reach the crash point")
+	}
+	if n := len(f.of("crashy")); n != 1 {
+		t.Fatalf("%d facts after the crash, want the 1 appended before it", n)
+	}
+	kvs, err := e.nats.JS.Stream(t.Context(), kvStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := kvs.GetLastMsgForSubject(t.Context(), kvSubject("crashy")); err != nil || m.Header.Get(jetstream.MarkerReasonHeader) != "MaxAge" {
+		t.Fatalf("key after the crash: %v %v, want the unsettled marker", m, err)
+	}
+	kv, err := e.nats.JS.KeyValue(t.Context(), natsx.LivenessBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := child("")
+	defer func() {
+		_ = second.Process.Signal(syscall.SIGTERM)
+		_ = second.Wait()
+	}()
+	// The restarted watchdog settles the marker: the key says declared, and no second fact.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		entry, err := kv.Get(t.Context(), "crashy")
+		if err == nil {
+			var v keyValue
+			if json.Unmarshal(entry.Value(), &v) != nil || !v.Lost {
+				t.Fatalf("key after restart %s, want declared", entry.Value())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted watchdog did not settle the marker: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := len(f.of("crashy")); n != 1 {
+		t.Fatalf("%d facts after restart, want 1", n)
+	}
+}
