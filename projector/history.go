@@ -317,8 +317,9 @@ type historySink struct {
 	h     *History
 	table historyTable
 	in    chan historyItem
-	buf   []historyItem
 	srcs  []*historySource
+	// inflight is the stream time (unix ns) of the oldest message of the batch being written.
+	inflight atomic.Int64
 }
 
 func (s *historySink) sources(cfg HistoryConfig) []*historySource {
@@ -352,70 +353,109 @@ func (s *historySink) pendingMessages() float64 {
 	return float64(n) + float64(len(s.in))
 }
 
-// run collects items until in is closed, writing a batch when it is full or old enough.
+// run collects items until in is closed. A batch is handed to the writer when it is full or
+// its oldest row is FlushInterval old; the next one is collected meanwhile, so pulling and
+// decoding overlap the INSERT. At most one INSERT per table is in flight.
 func (s *historySink) run(ctx context.Context) error {
 	cfg := s.h.cfg
+	writeq := make(chan []historyItem)
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		for b := range writeq {
+			s.flush(ctx, b)
+		}
+	}()
+	defer func() { close(writeq); <-written }()
+
+	var buf []historyItem
 	var due <-chan time.Time
+	ready := false
 	keepAlive := time.NewTicker(min(time.Second, cfg.AckWait/3))
 	defer keepAlive.Stop()
 	lastTouch := time.Now()
+	src := s.in // nil once closed
+	in := src
 	for {
+		var out chan<- []historyItem
+		if ready {
+			out = writeq
+		}
+		if len(buf) >= cfg.BatchSize {
+			in = nil // full: wait for the writer
+		} else {
+			in = src
+		}
 		select {
-		case it, ok := <-s.in:
+		case it, ok := <-in:
 			if !ok {
-				if len(s.buf) > 0 {
-					return s.flush(ctx)
+				src, in = nil, nil
+				if len(buf) == 0 {
+					return nil
 				}
-				return nil
+				ready = true
+				continue
 			}
-			if len(s.buf) == 0 {
+			if len(buf) == 0 {
 				due = time.After(cfg.FlushInterval)
 				lastTouch = time.Now()
 			}
-			s.buf = append(s.buf, it)
-			if len(s.buf) < cfg.BatchSize {
-				continue
-			}
+			buf = append(buf, it)
+			ready = ready || len(buf) >= cfg.BatchSize
 		case <-due:
+			due, ready = nil, true
+		case out <- buf:
+			buf, due, ready = nil, nil, false
+			if src == nil {
+				return nil
+			}
 		case <-keepAlive.C:
-			// Long flush intervals: keep buffered messages from being redelivered meanwhile.
-			if len(s.buf) > 0 && time.Since(lastTouch) >= cfg.AckWait/3 {
-				s.touch()
+			// Long flush intervals or a busy writer: keep buffered messages from redelivery.
+			if len(buf) > 0 && time.Since(lastTouch) >= cfg.AckWait/3 {
+				historyTouch(buf)
 				lastTouch = time.Now()
 			}
-			s.setLag()
-			continue
+			s.setLag(buf)
+		case <-ctx.Done():
+			return nil
 		}
-		if err := s.flush(ctx); err != nil || ctx.Err() != nil {
-			return err
-		}
-		due = nil
 	}
 }
 
-func (s *historySink) setLag() {
+// setLag sets the lag from the oldest of the batch being written and buf.
+func (s *historySink) setLag(buf []historyItem) {
+	var oldest time.Time
+	if v := s.inflight.Load(); v != 0 {
+		oldest = time.Unix(0, v)
+	}
+	if len(buf) > 0 && !buf[0].stamp.IsZero() && (oldest.IsZero() || buf[0].stamp.Before(oldest)) {
+		oldest = buf[0].stamp
+	}
 	var lag float64
-	if len(s.buf) > 0 && !s.buf[0].stamp.IsZero() {
-		lag = time.Since(s.buf[0].stamp).Seconds()
+	if !oldest.IsZero() {
+		lag = time.Since(oldest).Seconds()
 	}
 	s.h.m.lag.WithLabelValues(s.table.name).Set(lag)
-	s.h.m.pending.WithLabelValues(s.table.name).Set(float64(len(s.buf)))
+	s.h.m.pending.WithLabelValues(s.table.name).Set(float64(len(buf)))
 }
 
-// touch tells JetStream the buffered messages are still being worked on.
-func (s *historySink) touch() {
-	for _, it := range s.buf {
+// historyTouch tells JetStream the messages are still being worked on.
+func historyTouch(b []historyItem) {
+	for _, it := range b {
 		_ = it.msg.InProgress()
 	}
 }
 
-// flush writes the buffer in one INSERT, retrying with a growing delay until it succeeds or
-// ctx ends, and only then acks. On ctx's end nothing is acked: the messages come back.
-func (s *historySink) flush(ctx context.Context) error {
+// flush writes b in one INSERT, retrying with a growing delay until it succeeds or ctx ends,
+// and only then acks. On ctx's end nothing is acked: the messages come back.
+func (s *historySink) flush(ctx context.Context, b []historyItem) {
 	cfg := s.h.cfg
-	s.setLag()
-	rows := make([]any, 0, len(s.buf))
-	for _, it := range s.buf {
+	if len(b) > 0 && !b[0].stamp.IsZero() {
+		s.inflight.Store(b[0].stamp.UnixNano())
+	}
+	defer s.inflight.Store(0)
+	rows := make([]any, 0, len(b))
+	for _, it := range b {
 		if it.row != nil {
 			rows = append(rows, it.row)
 		}
@@ -438,7 +478,7 @@ func (s *historySink) flush(ctx context.Context) error {
 			if ctx.Err() != nil {
 				s.h.log.Warn("history: stopping with rows not written; their messages will be redelivered",
 					"table", s.table.name, "rows", len(rows), "err", err)
-				return nil
+				return
 			}
 			lvl := slog.LevelWarn
 			if attempt > 5 {
@@ -450,19 +490,21 @@ func (s *historySink) flush(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return nil
+				return
 			case <-t.C:
 			}
 			delay = min(2*delay, cfg.BackoffMax)
+			if v := s.inflight.Load(); v != 0 {
+				s.h.m.lag.WithLabelValues(s.table.name).Set(time.Since(time.Unix(0, v)).Seconds())
+			}
 			if time.Since(lastTouch) >= cfg.AckWait/3 {
-				s.touch()
+				historyTouch(b)
 				lastTouch = time.Now()
 			}
-			s.setLag()
 		}
 	}
 	crashpoint.Hit(HistoryCrashAfterInsert)
-	for _, it := range s.buf {
+	for _, it := range b {
 		if err := it.msg.Ack(); err != nil {
 			// The row is written; a lost ack means a redelivery, which the table collapses.
 			s.h.log.Debug("history: ack failed", "err", err)
@@ -470,10 +512,6 @@ func (s *historySink) flush(ctx context.Context) error {
 	}
 	s.h.m.rows.WithLabelValues(s.table.name).Add(float64(len(rows)))
 	s.h.m.batches.WithLabelValues(s.table.name).Inc()
-	clear(s.buf)
-	s.buf = s.buf[:0]
-	s.setLag()
-	return nil
 }
 
 func (s *historySink) insert(ctx context.Context, cols []any) error {
