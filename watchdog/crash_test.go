@@ -104,7 +104,7 @@ func TestCrashAfterFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, err := kvs.GetLastMsgForSubject(t.Context(), kvSubject("crashy")); err != nil || m.Header.Get(jetstream.MarkerReasonHeader) != "MaxAge" {
+	if m, err := kvs.GetLastMsgForSubject(t.Context(), kvPrefix+keyOf("crashy", testPartitions)); err != nil || m.Header.Get(jetstream.MarkerReasonHeader) != "MaxAge" {
 		t.Fatalf("key after the crash: %v %v, want the unsettled marker", m, err)
 	}
 	kv, err := e.nats.JS.KeyValue(t.Context(), natsx.LivenessBucket)
@@ -119,7 +119,7 @@ func TestCrashAfterFact(t *testing.T) {
 	// The restarted watchdog settles the marker: the key says declared, and no second fact.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		entry, err := kv.Get(t.Context(), "crashy")
+		entry, err := kv.Get(t.Context(), keyOf("crashy", testPartitions))
 		if err == nil {
 			var v keyValue
 			if json.Unmarshal(entry.Value(), &v) != nil || !v.Lost {

@@ -9,9 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/lock-sensors/lock-sensors/internal/natsx"
-	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
 // keyState is what a sweep reads of one key.
@@ -94,7 +91,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	for _, s := range suspects {
 		// Look again: a reading may have refreshed it since the snapshot.
 		var rev uint64
-		m, err := kvs.GetLastMsgForSubject(ctx, kvSubject(s.sensor))
+		m, err := kvs.GetLastMsgForSubject(ctx, w.kvSubject(s.sensor))
 		switch {
 		case err == nil:
 			if m.Header.Get(jetstream.MarkerReasonHeader) != "" {
@@ -115,10 +112,10 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 		w.log.Warn("reconciliation: liveness key differed from sensor_state; repaired",
 			"sensor", s.sensor, "last_seen", s.lastSeen, "last_seq", s.lastSeq, "key_revision", rev, "left", left)
 		if left <= 0 {
-			w.addCandidate(s.sensor, candidate{at: time.Now()})
+			w.addCandidate(s.sensor, candidate{rev: rev, expect: true, at: time.Now()})
 			continue
 		}
-		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(s.sensor), Data: encodeValue(s.lastSeen, s.lastSeq, false), Header: nats.Header{}},
+		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(s.sensor), Data: encodeValue(s.lastSeen, s.lastSeq, false), Header: nats.Header{}},
 			jetstream.WithMsgTTL(ttlFor(left)), jetstream.WithExpectLastSequencePerSubject(rev))
 		if err != nil && !isWrongLastSeq(err) {
 			return repairs, fmt.Errorf("repair liveness key %s: %w", s.sensor, err)
@@ -138,7 +135,7 @@ func (w *Watchdog) snapshotKeys(ctx context.Context) (map[string]keyState, error
 		return out, nil
 	}
 	oc, err := w.js.OrderedConsumer(ctx, kvStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{"$KV." + natsx.LivenessBucket + ".>"},
+		FilterSubjects: w.kvFilters(),
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
@@ -158,20 +155,17 @@ func (w *Watchdog) snapshotKeys(ctx context.Context) (map[string]keyState, error
 		if err != nil {
 			continue
 		}
-		if subj := m.Subject(); len(subj) > kvPrefixLen {
-			sensor := subj[kvPrefixLen:]
-			if w.owned[partition.Of(sensor, w.cfg.Partitions)] {
-				k := keyState{rev: md.Sequence.Stream}
-				if m.Headers().Get(jetstream.MarkerReasonHeader) != "" || m.Headers().Get("KV-Operation") != "" {
-					k.marker = true
-				} else {
-					var v keyValue
-					if json.Unmarshal(m.Data(), &v) == nil {
-						k.seq = v.Seq
-					}
+		if sensor, ok := w.sensorOfSubject(m.Subject()); ok {
+			k := keyState{rev: md.Sequence.Stream}
+			if m.Headers().Get(jetstream.MarkerReasonHeader) != "" || m.Headers().Get("KV-Operation") != "" {
+				k.marker = true
+			} else {
+				var v keyValue
+				if json.Unmarshal(m.Data(), &v) == nil {
+					k.seq = v.Seq
 				}
-				out[sensor] = k
 			}
+			out[sensor] = k
 		}
 		if md.NumPending == 0 {
 			return out, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,8 +132,11 @@ type Watchdog struct {
 
 // candidate is an expiry seen and not yet settled.
 type candidate struct {
-	rev uint64    // KV revision of the marker (0: found by the sweep, no marker)
+	rev uint64    // KV revision of the marker (or of what the sweep found; 0: no message)
 	at  time.Time // server time of the marker
+	// expect: the key must still be at rev when we write it (always, but for a hand-made
+	// candidate in tests).
+	expect bool
 }
 
 type partState struct {
@@ -321,13 +325,49 @@ type keyValue struct {
 	Lost       bool   `json:"lost"`
 }
 
-func kvSubject(sensor string) string { return "$KV." + natsx.LivenessBucket + "." + sensor }
+// keyOf is a sensor's key: "<partition>.<sensor_id>", so that a process owning some
+// partitions watches only their keys.
+func keyOf(sensor string, partitions int) string {
+	return strconv.Itoa(partition.Of(sensor, partitions)) + "." + sensor
+}
+
+const kvPrefix = "$KV." + natsx.LivenessBucket + "."
+
+func (w *Watchdog) kvSubject(sensor string) string { return kvPrefix + keyOf(sensor, w.cfg.Partitions) }
+
+// kvFilters are the bucket subjects of the owned partitions.
+func (w *Watchdog) kvFilters() []string {
+	if len(w.cfg.Owned) == w.cfg.Partitions {
+		return []string{kvPrefix + ">"}
+	}
+	f := make([]string, 0, len(w.cfg.Owned))
+	for _, p := range w.cfg.Owned {
+		f = append(f, kvPrefix+strconv.Itoa(p)+".*")
+	}
+	return f
+}
+
+// sensorOfSubject is the sensor of a bucket subject, if it is one of an owned partition.
+func (w *Watchdog) sensorOfSubject(subj string) (string, bool) {
+	if len(subj) <= len(kvPrefix) {
+		return "", false
+	}
+	p, sensor, ok := strings.Cut(subj[len(kvPrefix):], ".")
+	if !ok {
+		return "", false
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 0 || n >= w.cfg.Partitions || !w.owned[n] {
+		return "", false
+	}
+	return sensor, true
+}
 
 const kvStream = "KV_" + natsx.LivenessBucket
 
 func (w *Watchdog) refreshMsg(sensor string, received time.Time, seq uint64, now time.Time) (*nats.Msg, time.Duration) {
 	ttl := ttlFor(w.lostAfter(sensor) - now.Sub(received))
-	return &nats.Msg{Subject: kvSubject(sensor), Data: encodeValue(received, seq, false), Header: nats.Header{}}, ttl
+	return &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(received, seq, false), Header: nats.Header{}}, ttl
 }
 
 // consume applies one partition of READINGS to the keys.
@@ -466,7 +506,7 @@ func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) 
 func (w *Watchdog) watch(ctx context.Context) error {
 	for ctx.Err() == nil {
 		oc, err := w.js.OrderedConsumer(ctx, kvStream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{"$KV." + natsx.LivenessBucket + ".>"},
+			FilterSubjects: w.kvFilters(),
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 			HeadersOnly:    true,
 		})
@@ -491,15 +531,9 @@ func (w *Watchdog) watch(ctx context.Context) error {
 	return nil
 }
 
-const kvPrefixLen = len("$KV." + natsx.LivenessBucket + ".")
-
 func (w *Watchdog) onKVMsg(m jetstream.Msg) {
-	subj := m.Subject()
-	if len(subj) <= kvPrefixLen {
-		return
-	}
-	sensor := subj[kvPrefixLen:]
-	if !w.owned[partition.Of(sensor, w.cfg.Partitions)] {
+	sensor, ok := w.sensorOfSubject(m.Subject())
+	if !ok {
 		return
 	}
 	md, err := m.Metadata()
@@ -517,7 +551,7 @@ func (w *Watchdog) onKVMsg(m jetstream.Msg) {
 		return
 	}
 	w.m.expiries.Inc()
-	w.addCandidate(sensor, candidate{rev: md.Sequence.Stream, at: md.Timestamp})
+	w.addCandidate(sensor, candidate{rev: md.Sequence.Stream, expect: true, at: md.Timestamp})
 }
 
 func (w *Watchdog) addCandidate(sensor string, c candidate) {
@@ -700,7 +734,7 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 		return nil
 	}
 	expect := []jetstream.PublishOpt{}
-	if c.rev != 0 {
+	if c.expect {
 		expect = append(expect, jetstream.WithExpectLastSequencePerSubject(c.rev))
 	}
 	if l.Kind == event.KindLivenessTimeout {
@@ -713,7 +747,7 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 	if left := lostAfter - now.Sub(l.ReceivedTime); left > 0 {
 		// A reading younger than lost_after: the key expired because we were behind.
 		w.m.refreshedOnCheck.Inc()
-		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, false), Header: nats.Header{}},
+		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, false), Header: nats.Header{}},
 			append(expect, jetstream.WithMsgTTL(ttlFor(left)))...)
 		if isWrongLastSeq(err) {
 			return nil // refreshed meanwhile
@@ -743,7 +777,7 @@ func (w *Watchdog) markDeclared(ctx context.Context, sensor string, last *jetstr
 	if l, err := event.DecodeLog(last.Data); err == nil && l.Kind == event.KindReading {
 		received = l.ReceivedTime
 	}
-	_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(sensor), Data: encodeValue(received, last.Sequence, true), Header: nats.Header{}}, expect...)
+	_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(received, last.Sequence, true), Header: nats.Header{}}, expect...)
 	if err != nil && !isWrongLastSeq(err) {
 		return fmt.Errorf("mark %s declared: %w", sensor, err)
 	}

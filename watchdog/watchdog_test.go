@@ -42,7 +42,11 @@ func TestExpiry(t *testing.T) {
 	if _, err := e.pg.Exec(ctx, `INSERT INTO sensors (id, address, lost_after_ms) VALUES ('slow', 'x', 5000)`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := e.pg.Exec(ctx, `INSERT INTO sensors (id, address, lost_after_ms) VALUES ('slowchatty', 'x', 5000)`); err != nil {
+		t.Fatal(err)
+	}
 	f := e.collectFacts()
+	// It loads the overrides before it consumes anything.
 	e.start(Config{LostAfter: lostAfter})
 
 	cases := []struct {
@@ -59,10 +63,6 @@ func TestExpiry(t *testing.T) {
 		{name: "override lost_after 5s", sensor: "slow", wantLost: true, lostAfter: 5 * time.Second},
 		{name: "override: reporting every 4s", sensor: "slowchatty", every: 4 * time.Second, count: 3, lostAfter: 5 * time.Second},
 	}
-	if _, err := e.pg.Exec(ctx, `INSERT INTO sensors (id, address, lost_after_ms) VALUES ('slowchatty', 'x', 5000)`); err != nil {
-		t.Fatal(err)
-	}
-	// Let the watchdog read the overrides (it loads them before it consumes anything).
 	var wg sync.WaitGroup
 	lasts := make([]time.Time, len(cases))
 	for i, c := range cases {
@@ -261,7 +261,7 @@ func TestHeldWhileBridgeBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.Get(t.Context(), "keeps"); err != nil {
+	if _, err := kv.Get(t.Context(), keyOf("keeps", testPartitions)); err != nil {
 		t.Errorf("key of the publishing sensor after catch-up: %v, want a live value", err)
 	}
 }
@@ -288,7 +288,7 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	entry, err := kv.Get(ctx, "ok")
+	entry, err := kv.Get(ctx, keyOf("ok", testPartitions))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ func TestSweep(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("sweep with a missing key: %d repairs, %v; want 1", n, err)
 	}
-	entry, err = kv.Get(ctx, "nokey")
+	entry, err = kv.Get(ctx, keyOf("nokey", testPartitions))
 	if err != nil {
 		t.Fatalf("key not recreated: %v", err)
 	}
