@@ -89,6 +89,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// callTimeout bounds one call, so that a stuck database cannot pile calls up for ever.
+const callTimeout = 30 * time.Second
+
 // unary authenticates, recovers panics, maps errors to codes (statusOf) and records metrics:
 // every call goes through it, REST ones included, since the gateway calls over gRPC.
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
@@ -101,6 +104,8 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if err := s.auth.check(authorizationOf(ctx)); err != nil {
 		return nil, s.toStatus(ctx, info.FullMethod, err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	resp, err = s.call(ctx, req, handler)
 	if err != nil {
 		return nil, s.toStatus(ctx, info.FullMethod, err)

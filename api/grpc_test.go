@@ -227,6 +227,16 @@ func TestGRPCAuth(t *testing.T) {
 	if _, err := raw.ListSensors(ctx, &locksv1.ListSensorsRequest{}); err != nil {
 		t.Fatal(err)
 	}
+	// Each call is counted by method and code.
+	if n := e.metric("locks_api_requests_total", "Unauthenticated", "ListSensors"); n != 3 {
+		t.Fatalf("locks_api_requests_total{ListSensors,Unauthenticated} = %v, want 3", n)
+	}
+	if n := e.metric("locks_api_requests_total", "OK", "ListSensors"); n != 1 {
+		t.Fatalf("locks_api_requests_total{ListSensors,OK} = %v, want 1", n)
+	}
+	if n := e.metric("locks_api_request_duration_seconds", "ListSensors"); n != 4 {
+		t.Fatalf("locks_api_request_duration_seconds{ListSensors} counted %v calls, want 4", n)
+	}
 }
 
 // The server stops when its context ends, within the grace it gives calls under way.

@@ -277,3 +277,34 @@ func (e *env) with(t testing.TB) *env {
 	c.t = t
 	return &c
 }
+
+// metric is the value of a counter (or the sample count of a histogram) of the env's
+// registry whose label values, in the order of the label names, are labels; 0 when none.
+func (e *env) metric(name string, labels ...string) float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for i, l := range m.GetLabel() {
+				if l.GetValue() != labels[i] {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return 0
+}
