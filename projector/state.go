@@ -309,6 +309,9 @@ func (w *statePartWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 			return nil, fmt.Errorf("consumer info: %w", err)
 		}
 		w.s.m.lag.WithLabelValues(strconv.Itoa(w.p)).Set(float64(info.NumPending))
+		if info.NumPending == 0 {
+			w.s.m.lagSeconds.WithLabelValues(strconv.Itoa(w.p)).Set(0)
+		}
 		if info.NumAckPending > 0 {
 			w.cons = nil
 		}
@@ -350,6 +353,7 @@ func (w *statePartWorker) inOrder(msgs []jetstream.Msg) ([]jetstream.Msg, bool) 
 		w.next++
 		if i == len(msgs)-1 {
 			w.s.m.lag.WithLabelValues(strconv.Itoa(w.p)).Set(float64(md.NumPending))
+			w.s.m.lagSeconds.WithLabelValues(strconv.Itoa(w.p)).Set(time.Since(md.Timestamp).Seconds())
 		}
 	}
 	return msgs, false
@@ -729,6 +733,8 @@ type stateMetrics struct {
 	batch   prometheus.Histogram
 	commit  prometheus.Histogram
 	lag     *prometheus.GaugeVec
+	// lagSeconds is how long the newest message fetched had been in READINGS.
+	lagSeconds *prometheus.GaugeVec
 }
 
 func newStateMetrics(reg prometheus.Registerer) (*stateMetrics, error) {
@@ -745,8 +751,10 @@ func newStateMetrics(reg prometheus.Registerer) (*stateMetrics, error) {
 			Help: "Time of one batch transaction, begin to commit.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10)}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_state_lag_messages",
 			Help: "READINGS messages of the partition not yet delivered to the state projector."}, []string{"partition"}),
+		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_state_lag_seconds",
+			Help: "Age of the newest READINGS message fetched by the state projector (0 when caught up)."}, []string{"partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag} {
+	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag, m.lagSeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("state projector metrics: %w", err)
 		}
