@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,6 +103,12 @@ func BenchmarkTrack(b *testing.B) {
 		}
 		elapsed := time.Since(start)
 		heap1, rss1 := memFigures()
+		if path := os.Getenv("LOCKS_BENCH_HEAPPROFILE"); path != "" {
+			if out, err := os.Create(path); err == nil {
+				_ = pprof.WriteHeapProfile(out)
+				_ = out.Close()
+			}
+		}
 		kvs, err := e.nats.JS.Stream(context.Background(), kvStream)
 		if err != nil {
 			b.Fatal(err)
