@@ -141,15 +141,18 @@ var (
 	clientOutputOnly = []string{"id", "signing_secret", "previous_secret", "previous_secret_until", "create_time", "update_time", "etag"}
 )
 
-// maskPaths resolves an update mask to the updatable fields it names: empty or "*" means all.
+// maskPaths resolves an update mask to the updatable fields it names. No mask at all, or
+// "*", means every updatable field (AIP-134); a mask with no paths means none. Over REST the
+// gateway always makes a mask, of the fields present in the body.
 func maskPaths(m *fieldmaskpb.FieldMask, updatable, outputOnly []string) ([]string, error) {
-	if len(m.GetPaths()) == 0 {
+	if m == nil {
 		return updatable, nil
 	}
 	var out []string
 	for _, p := range m.GetPaths() {
 		top, _, _ := strings.Cut(p, ".")
 		switch {
+		case p == "": // the gateway's mask of an empty body
 		case p == "*":
 			return updatable, nil
 		case slices.Contains(updatable, p):

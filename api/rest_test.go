@@ -170,6 +170,17 @@ func TestRESTLifecycle(t *testing.T) {
 		t.Fatalf("clear lost_after with a mask: %s", r.raw)
 	}
 	e.want(e.do("PATCH", "/v1/sensors/xa7v9Dfadr7H", map[string]any{"lost_after": "0.5s"}), 400, "lost_after")
+	// An empty body changes nothing; a null clears lost_after back to the server's default.
+	before := e.want(e.do("GET", "/v1/sensors/xa7v9Dfadr7H", nil), 200)
+	r = e.want(e.do("PATCH", "/v1/sensors/xa7v9Dfadr7H", `{}`), 200)
+	if r.str("etag") != before.str("etag") || r.str("address") != before.str("address") {
+		t.Fatalf("empty PATCH changed the sensor: %s", r.raw)
+	}
+	e.want(e.do("PATCH", "/v1/sensors/xa7v9Dfadr7H", map[string]any{"lost_after": "45s"}), 200)
+	r = e.want(e.do("PATCH", "/v1/sensors/xa7v9Dfadr7H", `{"lost_after": null}`), 200)
+	if r.body["lost_after"] != nil || r.str("address") != before.str("address") {
+		t.Fatalf("PATCH lost_after null: %s", r.raw)
+	}
 	e.want(e.do("PATCH", "/v1/sensors/xa7v9Dfadr7H", map[string]any{"id": "Other"}), 400, "id")
 	e.want(e.do("PATCH", "/v1/sensors/Nope", map[string]any{"address": "x"}), 404)
 	// A sensor read with GET can be sent back whole (output-only fields are ignored).

@@ -448,8 +448,8 @@ type UpdateClientRequest struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The new values; its etag, if set, must be current. Its id, if set, must equal id.
 	Client *Client `protobuf:"bytes,2,opt,name=client,proto3" json:"client,omitempty"`
-	// The fields to change: name, webhook_url. Empty means both (over REST, the fields present
-	// in the body).
+	// The fields to change: name, webhook_url. Unset means both; over REST it is made of
+	// the fields present in the body. Output-only fields in it are ignored.
 	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

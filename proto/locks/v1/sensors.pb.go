@@ -446,8 +446,8 @@ type UpdateSensorRequest struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The new values; its etag, if set, must be current. Its id, if set, must equal id.
 	Sensor *Sensor `protobuf:"bytes,2,opt,name=sensor,proto3" json:"sensor,omitempty"`
-	// The fields to change: address, lost_after. Empty means both (over REST, the fields
-	// present in the body).
+	// The fields to change: address, lost_after. Unset means both; over REST it is made of
+	// the fields present in the body. Output-only fields in it are ignored.
 	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
