@@ -361,3 +361,31 @@ func TestTTLFor(t *testing.T) {
 		}
 	}
 }
+
+// TestPartitionsSplitBetweenProcesses runs two watchdogs owning half the partitions each:
+// every silent sensor gets exactly one fact, from the process that owns its partition.
+func TestPartitionsSplitBetweenProcesses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, lostAfter)
+	f := e.collectFacts()
+	_, regA, _ := e.start(Config{Owned: []int{0, 1}, LostAfter: lostAfter})
+	_, regB, _ := e.start(Config{Owned: []int{2, 3}, LostAfter: lostAfter})
+	sensors := []string{"a1", "b2", "c3", "d4", "e5", "f6", "g7", "h8"}
+	lasts := map[string]time.Time{}
+	for _, s := range sensors {
+		lasts[s] = e.reading(s)
+	}
+	for _, s := range sensors {
+		checkOnTime(t, f, s, lasts[s], lostAfter, lostAfter+1500*time.Millisecond, lostAfter)
+	}
+	time.Sleep(time.Second)
+	for _, s := range sensors {
+		if n := len(f.of(s)); n != 1 {
+			t.Errorf("%s: %d facts, want 1", s, n)
+		}
+	}
+	a, b := counter(t, regA, "locks_watchdog_facts_total"), counter(t, regB, "locks_watchdog_facts_total")
+	if a+b != float64(len(sensors)) || a == 0 || b == 0 {
+		t.Errorf("facts by process: %v and %v, want %d split between both", a, b, len(sensors))
+	}
+}
