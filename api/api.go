@@ -61,6 +61,9 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	// Resolver looks up webhook hosts; nil means net.DefaultResolver.
 	Resolver Resolver
+	// History answers the history calls (readings, events, deliveries); nil means they
+	// answer UNIMPLEMENTED.
+	History History
 }
 
 // Server is the admin API.
@@ -69,6 +72,7 @@ type Server struct {
 	db       DB
 	log      *slog.Logger
 	resolver Resolver
+	history  History
 	auth     *authenticator
 	metrics  *metrics
 
@@ -98,7 +102,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver,
+		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver, history: deps.History,
 		auth: newAuthenticator(cfg.Tokens), metrics: m,
 		mem: bufconn.Listen(1 << 20),
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/lock-sensors/lock-sensors/history"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -53,6 +55,17 @@ type envOpt func(*Config, *Deps)
 
 func withTokens(tokens ...string) envOpt { return func(c *Config, _ *Deps) { c.Tokens = tokens } }
 func withPrivateWebhooks() envOpt        { return func(c *Config, _ *Deps) { c.WebhookAllowPrivate = true } }
+
+// withHistory serves the history calls from a fresh ClickHouse database of the test.
+func withHistory(t testing.TB, ch *driver.Conn) envOpt {
+	_, conn := testenv.ClickHouse(t)
+	*ch = conn
+	store, err := history.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(_ *Config, d *Deps) { d.History = store }
+}
 
 // withStderrLog logs warnings and errors to stderr instead of the test log, for fuzz
 // targets, during which the F's log must not be used.

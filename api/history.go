@@ -2,39 +2,157 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/lock-sensors/lock-sensors/history"
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
-// historyService declares the history calls; they are served once the history projection
-// (ClickHouse) is queried here. Until then they answer UNIMPLEMENTED (501) saying so.
+// History is what the history calls need of the history projection (ClickHouse);
+// *history.Store is one.
+type History interface {
+	Readings(ctx context.Context, sensorID string, q history.Query) (history.ReadingsPage, error)
+	Events(ctx context.Context, sensorID string, q history.Query) (history.EventsPage, error)
+	Deliveries(ctx context.Context, clientID string, q history.Query) (history.DeliveriesPage, error)
+}
+
+// historyService serves the history calls from the history projection; without one
+// (Deps.History nil) they answer UNIMPLEMENTED (501) saying so. A sensor's history is kept
+// when it is deleted, and readings of sensors never registered are recorded too, so these
+// lists never answer NOT_FOUND: an unknown id simply has no history.
 type historyService struct {
 	locksv1.UnimplementedHistoryServiceServer
 	s *Server
 }
 
-func notYet(what string) error {
-	return fmt.Errorf("%w: %s history is not served by this version of the API yet", ErrUnimplemented, what)
+func notServed(what string) error {
+	return fmt.Errorf("%w: %s history is not served by this process: it was started without the history database (ClickHouse)", ErrUnimplemented, what)
+}
+
+// historyQuery checks the paging and time range the way the other lists do (a page_size
+// above 1000 is lowered to it) and builds the history query.
+func historyQuery(start, end *timestamppb.Timestamp, size int32, token string) (history.Query, error) {
+	var q history.Query
+	n, err := pageSize(size)
+	if err != nil {
+		return q, err
+	}
+	q.PageSize, q.PageToken = n, token
+	for _, t := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+		dst   *time.Time
+	}{{"start_time", start, &q.Start}, {"end_time", end, &q.End}} {
+		if t.ts == nil {
+			continue
+		}
+		if err := t.ts.CheckValid(); err != nil {
+			return q, fieldErr(t.field, "not a valid time")
+		}
+		*t.dst = t.ts.AsTime()
+	}
+	return q, nil
+}
+
+// historyErr turns the history store's invalid-input errors into this API's.
+func historyErr(err error) error {
+	var ie *history.InvalidError
+	if errors.As(err, &ie) {
+		return &FieldError{Field: ie.Field, Reason: ie.Reason}
+	}
+	return err
 }
 
 func (h *historyService) ListSensorReadings(ctx context.Context, req *locksv1.ListSensorReadingsRequest) (*locksv1.ListSensorReadingsResponse, error) {
 	if err := checkSensorID("sensor_id", req.GetSensorId()); err != nil {
 		return nil, err
 	}
-	return nil, notYet("reading")
+	if h.s.history == nil {
+		return nil, notServed("reading")
+	}
+	q, err := historyQuery(req.GetStartTime(), req.GetEndTime(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	page, err := h.s.history.Readings(ctx, req.GetSensorId(), q)
+	if err != nil {
+		return nil, historyErr(err)
+	}
+	out := &locksv1.ListSensorReadingsResponse{NextPageToken: page.NextPageToken, Readings: make([]*locksv1.Reading, 0, len(page.Readings))}
+	for _, r := range page.Readings {
+		out.Readings = append(out.Readings, &locksv1.Reading{Data: int32(r.Data), Time: ts(r.Time), ReceivedTime: ts(r.ReceivedTime)})
+	}
+	return out, nil
+}
+
+var eventTypes = map[string]locksv1.EventType{
+	event.TypeStateChanged:       locksv1.EventType_EVENT_TYPE_STATE_CHANGED,
+	event.TypeConnectionLost:     locksv1.EventType_EVENT_TYPE_CONNECTION_LOST,
+	event.TypeConnectionRestored: locksv1.EventType_EVENT_TYPE_CONNECTION_RESTORED,
 }
 
 func (h *historyService) ListSensorEvents(ctx context.Context, req *locksv1.ListSensorEventsRequest) (*locksv1.ListSensorEventsResponse, error) {
 	if err := checkSensorID("sensor_id", req.GetSensorId()); err != nil {
 		return nil, err
 	}
-	return nil, notYet("event")
+	if h.s.history == nil {
+		return nil, notServed("event")
+	}
+	q, err := historyQuery(req.GetStartTime(), req.GetEndTime(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	page, err := h.s.history.Events(ctx, req.GetSensorId(), q)
+	if err != nil {
+		return nil, historyErr(err)
+	}
+	out := &locksv1.ListSensorEventsResponse{NextPageToken: page.NextPageToken, Events: make([]*locksv1.SensorEvent, 0, len(page.Events))}
+	for _, e := range page.Events {
+		ev := &locksv1.SensorEvent{Id: e.ID, Type: eventTypes[e.Type], Time: ts(e.Time), Data: int32(e.Data), Revision: e.Revision}
+		if e.PreviousData != nil {
+			p := int32(*e.PreviousData)
+			ev.PreviousData = &p
+		}
+		out.Events = append(out.Events, ev)
+	}
+	return out, nil
+}
+
+var outcomes = map[string]locksv1.DeliveryOutcome{
+	event.OutcomeDelivered:  locksv1.DeliveryOutcome_DELIVERY_OUTCOME_DELIVERED,
+	event.OutcomeRetry:      locksv1.DeliveryOutcome_DELIVERY_OUTCOME_RETRY,
+	event.OutcomeDead:       locksv1.DeliveryOutcome_DELIVERY_OUTCOME_DEAD,
+	event.OutcomeCancelled:  locksv1.DeliveryOutcome_DELIVERY_OUTCOME_CANCELLED,
+	event.OutcomeSuperseded: locksv1.DeliveryOutcome_DELIVERY_OUTCOME_SUPERSEDED,
 }
 
 func (h *historyService) ListClientDeliveries(ctx context.Context, req *locksv1.ListClientDeliveriesRequest) (*locksv1.ListClientDeliveriesResponse, error) {
 	if err := checkClientID("client_id", req.GetClientId()); err != nil {
 		return nil, err
 	}
-	return nil, notYet("delivery")
+	if h.s.history == nil {
+		return nil, notServed("delivery")
+	}
+	q, err := historyQuery(req.GetStartTime(), req.GetEndTime(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	page, err := h.s.history.Deliveries(ctx, req.GetClientId(), q)
+	if err != nil {
+		return nil, historyErr(err)
+	}
+	out := &locksv1.ListClientDeliveriesResponse{NextPageToken: page.NextPageToken, Deliveries: make([]*locksv1.Delivery, 0, len(page.Deliveries))}
+	for _, d := range page.Deliveries {
+		out.Deliveries = append(out.Deliveries, &locksv1.Delivery{
+			EventId: d.EventID, SensorId: d.SensorID, Attempt: int32(d.Attempt), Time: ts(d.Time),
+			StatusCode: int32(d.StatusCode), Latency: durationpb.New(d.Latency), Outcome: outcomes[d.Outcome], Error: d.Error,
+		})
+	}
+	return out, nil
 }

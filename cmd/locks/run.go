@@ -25,6 +25,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/api"
 	"github.com/lock-sensors/lock-sensors/bridge"
+	"github.com/lock-sensors/lock-sensors/history"
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
@@ -154,8 +155,12 @@ func buildPart(name string, d deps) (runner, error) {
 			watchdog.Deps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg,
 				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond)})
 	case "api":
+		hist, err := history.New(d.ch)
+		if err != nil {
+			return nil, err
+		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
-			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg})
+			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist})
 		if err != nil {
 			return nil, err
 		}
