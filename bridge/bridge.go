@@ -257,7 +257,10 @@ func (b *Bridge) session(ctx context.Context) error {
 	if err := pub.Confirm(false); err != nil {
 		return fmt.Errorf("publisher confirms: %w", err)
 	}
-	returns := pub.NotifyReturn(make(chan amqp.Return, 64))
+	// amqp091-go blocks its reader on a full return channel; at most MaxInFlight (+ the one
+	// the reader holds) invalid publishes are outstanding before the session fails on the
+	// first return, so this never fills.
+	returns := pub.NotifyReturn(make(chan amqp.Return, b.cfg.MaxInFlight+2))
 	deliveries, err := ch.Consume(b.cfg.Queue, "", false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
@@ -298,7 +301,10 @@ read:
 		case <-ctx.Done():
 			break read
 		case e := <-closed:
-			readErr = fmt.Errorf("RabbitMQ connection closed: %w", e)
+			readErr = errors.New("RabbitMQ connection closed")
+			if e != nil {
+				readErr = fmt.Errorf("RabbitMQ connection closed: %w", e)
+			}
 			break read
 		case d, ok := <-deliveries:
 			if !ok {

@@ -270,3 +270,35 @@ func metricValue(m prometheus.Metric) float64 {
 	}
 	return d.Gauge.GetValue()
 }
+
+// TestBridgeInvalidQueueDeleted: an invalid message whose invalid queue vanished under the
+// bridge comes back (mandatory publish, returned) instead of being acked and lost.
+func TestBridgeInvalidQueueDeleted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	e.start(t, Config{})
+	eventually(t, 30*time.Second, "bridge connected", func() bool { return metricValue(e.bridge.m.connects) == 1 })
+	if _, err := e.ch.QueueDelete(e.queue+".invalid", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, []amqp.Publishing{{Body: []byte(`{"sensor_id":"s1","data":7}`)}, reading(1, 1)})
+	eventually(t, 30*time.Second, "invalid message in the redeclared invalid queue", func() bool {
+		q, err := e.ch.QueueDeclarePassive(e.queue+".invalid", true, false, false, false, nil)
+		if err != nil { // a failed passive declare closes the channel: open another
+			e.ch, _ = e.ch2(t)
+			return false
+		}
+		return q.Messages == 1
+	})
+	e.quiesce(t)
+	if c := metricValue(e.bridge.m.connects); c < 2 {
+		t.Fatalf("connects %v: the session should have failed on the returned message", c)
+	}
+	d, ok, err := e.ch.Get(e.queue+".invalid", true)
+	if err != nil || !ok || d.Headers[ErrorHeader] != "data: must be the JSON number 0 or 1" {
+		t.Fatalf("invalid queue: %v %v %v", ok, err, d.Headers)
+	}
+	if n := e.streamMsgs(t); n != 1 {
+		t.Fatalf("READINGS holds %d, want 1", n)
+	}
+}

@@ -74,6 +74,7 @@ type env struct {
 	js     jetstream.JetStream // on a connection made like the binary's (natsx.Connect)
 	amqp   string
 	queue  string
+	conn   *amqp.Connection
 	ch     *amqp.Channel // for the test's own publishing and inspection
 	pubCh  *amqp.Channel
 	reg    *prometheus.Registry
@@ -119,6 +120,7 @@ func (e *env) connectAMQP(t testing.TB) {
 		}
 		_ = conn.Close()
 	})
+	e.conn = conn
 	if e.ch, err = conn.Channel(); err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +134,12 @@ func (e *env) connectAMQP(t testing.TB) {
 	if _, err := e.ch.QueueDeclare(e.queue, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ch2 opens another channel for inspection.
+func (e *env) ch2(t testing.TB) (*amqp.Channel, error) {
+	t.Helper()
+	return e.conn.Channel()
 }
 
 // publish sends persistent messages under publisher confirms and waits for all confirms.
