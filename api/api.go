@@ -6,7 +6,9 @@
 // interceptor authenticates every call (bearer tokens of LOCKS_API_TOKENS), turns errors into
 // gRPC codes (statusOf, the one place where codes are chosen) and counts it. Registry
 // resources carry an etag for conditional updates and deletes; lists page with opaque keyset
-// tokens.
+// tokens. The registry and the current state are read from Postgres (the state projection is
+// only read, never written, here); the history calls are answered by the history store
+// (ClickHouse) when one is given.
 package api
 
 import (
