@@ -44,8 +44,9 @@ type StateConfig struct {
 	// IdleWait is how long an idle partition waits for its next message before checking
 	// its consumer (default 1s).
 	IdleWait time.Duration
-	// RelayPoll is how often the relay looks at the outbox without a nudge (default 250ms):
-	// the nudge covers commits of this process, the poll those of a previous one.
+	// RelayPoll is how often the relay looks at the outbox without a nudge (default 2s):
+	// every commit of this process nudges the relay of its partition at once; the poll is a
+	// safety net (rows of an earlier owner of the partition are relayed at start).
 	RelayPoll time.Duration
 	// RelayBatch is the most outbox rows published per round (default 1000).
 	RelayBatch int
@@ -67,7 +68,7 @@ func (c *StateConfig) setDefaults() {
 		c.IdleWait = time.Second
 	}
 	if c.RelayPoll == 0 {
-		c.RelayPoll = 250 * time.Millisecond
+		c.RelayPoll = 2 * time.Second
 	}
 	if c.RelayBatch == 0 {
 		c.RelayBatch = 1000
