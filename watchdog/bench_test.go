@@ -142,7 +142,7 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 	for b.Loop() {
 		e := newEnv(b, lost)
 		f := e.collectFacts()
-		_, _, stop := e.start(Config{Partitions: testPartitions, LostAfter: lost})
+		_, reg, stop := e.start(Config{Partitions: testPartitions, LostAfter: lost})
 		e.reading("warmup")
 		start := time.Now()
 		at := appendReadingsOver(b, e.nats.JS, n, spread)
@@ -177,6 +177,12 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		f.mu.Unlock()
 		slices.Sort(delays)
 		p := func(q float64) time.Duration { return delays[int(q*float64(len(delays)-1))] }
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if h := mf.GetMetric()[0].GetHistogram(); h != nil && h.GetSampleCount() > 0 {
+				b.Logf("%s: mean %.3fs over %d", mf.GetName(), h.GetSampleSum()/float64(h.GetSampleCount()), h.GetSampleCount())
+			}
+		}
 		b.ReportMetric(p(0.5).Seconds(), "p50-s")
 		b.ReportMetric(p(0.99).Seconds(), "p99-s")
 		b.Logf("%d expiries: delay from deadline to fact in READINGS min %s p50 %s p99 %s max %s",

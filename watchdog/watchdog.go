@@ -38,7 +38,7 @@ type Config struct {
 	OverridesEvery time.Duration
 	// HoldCheckEvery is how often held expiries are re-examined (default 200ms).
 	HoldCheckEvery time.Duration
-	// Concurrency bounds the expiries examined at once (default 256).
+	// Concurrency bounds the expiries examined at once (default 512).
 	Concurrency int
 	// CatchUpGrace is how long the upstream must have been caught up after it was behind
 	// before held expiries are declared (default 2s): a drained queue's last messages may
@@ -60,7 +60,7 @@ func (c *Config) setDefaults() {
 		c.HoldCheckEvery = 200 * time.Millisecond
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 256
+		c.Concurrency = 512
 	}
 	if c.CatchUpGrace <= 0 {
 		c.CatchUpGrace = 2 * time.Second
@@ -150,7 +150,7 @@ type partState struct {
 type metrics struct {
 	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
 	held                                                                   prometheus.Gauge
-	delay                                                                  prometheus.Histogram
+	delay, markerLag                                                       prometheus.Histogram
 }
 
 // ErrNilDep is returned by New for a missing dependency.
@@ -197,8 +197,10 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		held:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiries", Help: "Expiries held until the pipeline is caught up."}),
 		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_declare_delay_seconds", Help: "From a sensor's deadline (last reading + lost_after) to its fact.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
+		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.delay} {
+	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.delay, w.m.markerLag} {
 		if err := d.Reg.Register(c); err != nil {
 			return nil, fmt.Errorf("watchdog metrics: %w", err)
 		}
@@ -768,8 +770,17 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 	}
 	w.m.facts.Inc()
 	w.m.delay.Observe(now.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
+	if !c.at.IsZero() {
+		w.m.markerLag.Observe(c.at.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
+	}
 	crashpoint.Hit("watchdog.after_fact")
-	return w.markDeclared(ctx, sensor, last, expect)
+	// Marking the key only spares a restart from settling this expiry again (which would
+	// find the fact as the sensor's last message and append nothing): no need to wait.
+	put := &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, true), Header: nats.Header{}}
+	if _, err := w.js.PublishMsgAsync(put, expect...); err != nil {
+		return w.markDeclared(ctx, sensor, last, expect)
+	}
+	return nil
 }
 
 func (w *Watchdog) markDeclared(ctx context.Context, sensor string, last *jetstream.RawStreamMsg, expect []jetstream.PublishOpt) error {
