@@ -147,7 +147,8 @@ func buildPart(name string, d deps) (runner, error) {
 		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
 	case "history":
-		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions}, d.js, d.ch, d.log, d.reg)
+		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions,
+			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval}, d.js, d.ch, d.log, d.reg)
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
 		// beyond the bridge's prefetch window; expiries wait for it.

@@ -32,6 +32,9 @@ type Config struct {
 	WebhookAllowPrivate bool
 	Partitions          int
 	LogLevel            string
+	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
+	HistoryBatchSize     int
+	HistoryFlushInterval time.Duration
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -186,6 +189,15 @@ func settings() []setting {
 			c.Partitions = n
 			return nil
 		}},
+		{"LOCKS_HISTORY_BATCH_SIZE", "10000", "rows per ClickHouse INSERT of the history projector", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1_000_000 {
+				return errors.New("must be an integer from 1 to 1000000")
+			}
+			c.HistoryBatchSize = n
+			return nil
+		}},
+		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "debug", "info", "warn", "error":
