@@ -37,6 +37,7 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}}),
 		runtime.WithErrorHandler(errorHandler),
+		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithForwardResponseOption(etagHeader),
 	)
 	ctx := context.Background() // only kept by the handlers for cancellation; they have none
@@ -96,6 +97,21 @@ func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus(st.Code()), Err: err}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, authHeaderWriter{w}, r, err)
+}
+
+// routingErrorHandler answers a path the API does not have with 404 and a method a path
+// does not take with 405 (the gateway alone makes that 501), in the usual error body.
+func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	var err error
+	switch httpStatus {
+	case http.StatusNotFound:
+		err = status.Errorf(codes.NotFound, "no such path: %s", r.URL.Path)
+	case http.StatusMethodNotAllowed:
+		err = status.Errorf(codes.Unimplemented, "method %s is not allowed on %s", r.Method, r.URL.Path)
+	default:
+		err = status.Error(codes.InvalidArgument, http.StatusText(httpStatus))
+	}
+	errorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err})
 }
 
 // authHeaderWriter replaces the gateway's WWW-Authenticate (the error message) with the

@@ -190,7 +190,7 @@ func TestOpenAPIClientCreatesSensor(t *testing.T) {
 }
 
 // Every operation of the document is routed by the gateway: none answers the router's own
-// 404 or 405.
+// 404 ("no such path") or 405.
 func TestOpenAPIPathsAreServed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -206,7 +206,7 @@ func TestOpenAPIPathsAreServed(t *testing.T) {
 				p = strings.ReplaceAll(p, v, map[string]string{"{id}": "X1", "{sensor_id}": "X1", "{client_id}": "cl_x"}[v])
 			}
 			r := e.do(strings.ToUpper(method), p, nil)
-			if r.status == 405 || (r.status == 404 && !strings.Contains(r.str("message"), "X1") && !strings.Contains(r.str("message"), "cl_x")) {
+			if r.status == 405 || strings.HasPrefix(r.str("message"), "no such path") {
 				t.Errorf("%s %s: %d %s: not routed", method, p, r.status, r.raw)
 			}
 			n++
