@@ -15,7 +15,6 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -60,7 +59,8 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 		// the gateway marshals the gRPC request, as an internal error.
 		if err := checkUTF8(r); err != nil {
 			_, out := runtime.MarshalerForRequest(mux, r)
-			runtime.HTTPError(r.Context(), mux, out, w, r, status.Error(codes.InvalidArgument, err.Error()))
+			st, _ := statusOf(err)
+			runtime.HTTPError(r.Context(), mux, out, w, r, st.Err())
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -69,19 +69,19 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 
 func checkUTF8(r *http.Request) error {
 	if !utf8.ValidString(r.URL.Path) {
-		return errors.New("path: not valid UTF-8")
+		return fieldErr("path", "not valid UTF-8")
 	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		return fmt.Errorf("query: %w", err)
+		return fieldErr("query", "%v", err)
 	}
 	for k, vs := range q {
 		if !utf8.ValidString(k) {
-			return errors.New("query: a parameter name is not valid UTF-8")
+			return fieldErr("query", "a parameter name is not valid UTF-8")
 		}
 		for _, v := range vs {
 			if !utf8.ValidString(v) {
-				return fmt.Errorf("%s: not valid UTF-8", k)
+				return fieldErr(k, "not valid UTF-8")
 			}
 		}
 	}
@@ -105,13 +105,14 @@ func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.M
 	var err error
 	switch httpStatus {
 	case http.StatusNotFound:
-		err = status.Errorf(codes.NotFound, "no such path: %s", r.URL.Path)
+		err = fmt.Errorf("%w: no such path: %s", ErrNotFound, r.URL.Path)
 	case http.StatusMethodNotAllowed:
-		err = status.Errorf(codes.Unimplemented, "method %s is not allowed on %s", r.Method, r.URL.Path)
+		err = fmt.Errorf("%w: method %s is not allowed on %s", ErrUnimplemented, r.Method, r.URL.Path)
 	default:
-		err = status.Error(codes.InvalidArgument, http.StatusText(httpStatus))
+		err = fmt.Errorf("%w: %s", ErrInvalid, http.StatusText(httpStatus))
 	}
-	errorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err})
+	st, _ := statusOf(err)
+	errorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: st.Err()})
 }
 
 // authHeaderWriter replaces the gateway's WWW-Authenticate (the error message) with the

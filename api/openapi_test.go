@@ -206,7 +206,7 @@ func TestOpenAPIPathsAreServed(t *testing.T) {
 				p = strings.ReplaceAll(p, v, map[string]string{"{id}": "X1", "{sensor_id}": "X1", "{client_id}": "cl_x"}[v])
 			}
 			r := e.do(strings.ToUpper(method), p, nil)
-			if r.status == 405 || strings.HasPrefix(r.str("message"), "no such path") {
+			if r.status == 405 || strings.Contains(r.str("message"), "no such path") {
 				t.Errorf("%s %s: %d %s: not routed", method, p, r.status, r.raw)
 			}
 			n++
