@@ -276,6 +276,9 @@ func (h *History) consume(ctx, sinkCtx context.Context, cons jetstream.Consumer,
 	}
 	stop := context.AfterFunc(ctx, it.Drain)
 	defer stop()
+	// A drain that cannot finish (NATS unreachable) is cut when the grace ends.
+	stopHard := context.AfterFunc(sinkCtx, it.Stop)
+	defer stopHard()
 	defer it.Stop()
 	for {
 		msg, err := it.Next()
