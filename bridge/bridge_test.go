@@ -199,8 +199,12 @@ func TestBridgeNATSRestart(t *testing.T) {
 	e.publish(t, msgs)
 	stop := e.start(t, Config{PublishTimeout: 2 * time.Second})
 	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= n/4 })
+	before := e.streamMsgs(t)
 	e.nats.Restart(500 * time.Millisecond)
-	t.Logf("NATS restarted with %d of %d readings appended", e.streamMsgs(t), n)
+	t.Logf("NATS restarted with %d of %d readings appended", before, n)
+	if before >= n {
+		t.Fatal("the run ended before the restart")
+	}
 	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
 	e.quiesce(t)
 	stop()
@@ -227,8 +231,12 @@ func TestBridgeRabbitMQRestart(t *testing.T) {
 	e.publish(t, msgs)
 	stop := e.start(t, Config{})
 	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= n/4 })
+	before := e.streamMsgs(t)
 	node.restart()
-	t.Logf("RabbitMQ restarted with %d of %d readings appended", e.streamMsgs(t), n)
+	t.Logf("RabbitMQ restarted with %d of %d readings appended", before, n)
+	if before >= n {
+		t.Fatal("the run ended before the restart")
+	}
 	e.connectAMQP(t)
 	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
 	e.quiesce(t)
