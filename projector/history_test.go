@@ -406,6 +406,22 @@ func TestHistoryClickHouseOutage(t *testing.T) {
 	historyCheckExactlyOnce(t, e.ch, append(first, second...), 1000)
 }
 
+func TestHistoryNATSRestart(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	base := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	first := historyReadings(30, 10_000, base, 0)
+	historyPublish(t, e.nats.JS, first)
+	_, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	historyWaitRows(t, e.ch, 10_000, 30*time.Second)
+	e.nats.Restart(2 * time.Second)
+	second := historyReadings(30, 10_000, base, 10_000)
+	historyPublish(t, e.nats.JS, second)
+	historyWaitRows(t, e.ch, 20_000, 60*time.Second)
+	stop()
+	historyCheckExactlyOnce(t, e.ch, append(first, second...), 1000)
+}
+
 func TestHistoryEventsAndDeliveries(t *testing.T) {
 	t.Parallel()
 	e := newHistoryEnv(t)
