@@ -321,7 +321,11 @@ func loadStateRows(t testing.TB, pg *pgxpool.Pool) map[string]stateModelRow {
 // checkStateAgainstModel asserts sensor_state and EVENTS are exactly what the model says.
 func checkStateAgainstModel(t testing.TB, e *stateEnv, pub *statePublished) {
 	t.Helper()
-	m := buildStateModel(pub, e.n)
+	checkStateAgainst(t, e, buildStateModel(pub, e.n))
+}
+
+func checkStateAgainst(t testing.TB, e *stateEnv, m stateModel) {
+	t.Helper()
 	got := loadStateRows(t, e.pg)
 	if len(got) != len(m.rows) {
 		t.Errorf("sensor_state has %d rows, want %d", len(got), len(m.rows))
