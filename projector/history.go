@@ -115,6 +115,7 @@ type History struct {
 	log   *slog.Logger
 	sinks []*historySink
 	m     *historyMetrics
+	ran   atomic.Bool
 }
 
 // NewHistory builds the history projector; its metrics are registered on reg.
@@ -133,7 +134,7 @@ func NewHistory(cfg HistoryConfig, js jetstream.JetStream, ch driver.Conn, log *
 	h := &History{cfg: cfg, js: js, ch: ch, log: log.With("part", "history"), m: m}
 	for _, t := range historyTables {
 		s := &historySink{h: h, table: t, in: make(chan historyItem, min(cfg.BatchSize, 4096))}
-		m.pending.WithLabelValues(t.name) // make the series visible from the start
+		m.buffered.WithLabelValues(t.name) // make the series visible from the start
 		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "locks_history_pending_messages",
 			Help:        "Messages of the table's streams not yet written to ClickHouse (in the stream and in the buffer).",
@@ -150,7 +151,7 @@ type historyMetrics struct {
 	rows, batches, errors *prometheus.CounterVec
 	skipped               *prometheus.CounterVec
 	lag                   *prometheus.GaugeVec
-	pending               *prometheus.GaugeVec
+	buffered              *prometheus.GaugeVec
 	insertSeconds         *prometheus.HistogramVec
 }
 
@@ -172,7 +173,7 @@ func newHistoryMetrics(reg prometheus.Registerer) (*historyMetrics, error) {
 			Name: "locks_history_lag_seconds",
 			Help: "Age (by stream time) of the oldest message received but not yet written; 0 when none waits.",
 		}, []string{"table"}),
-		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		buffered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "locks_history_buffered_rows", Help: "Rows buffered for the next INSERT.",
 		}, []string{"table"}),
 		insertSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -180,7 +181,7 @@ func newHistoryMetrics(reg prometheus.Registerer) (*historyMetrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.batches, m.errors, m.skipped, m.lag, m.pending, m.insertSeconds} {
+	for _, c := range []prometheus.Collector{m.rows, m.batches, m.errors, m.skipped, m.lag, m.buffered, m.insertSeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("history: register metrics: %w", err)
 		}
@@ -202,7 +203,11 @@ type historySource struct {
 }
 
 // Run consumes until ctx is done, then writes and acks what it holds (within ShutdownGrace).
+// It runs once per History.
 func (h *History) Run(ctx context.Context) error {
+	if h.ran.Swap(true) {
+		return errors.New("history: Run called twice")
+	}
 	type job struct {
 		sink *historySink
 		src  *historySource
@@ -439,7 +444,7 @@ func (s *historySink) setLag(buf []historyItem) {
 		lag = time.Since(oldest).Seconds()
 	}
 	s.h.m.lag.WithLabelValues(s.table.name).Set(lag)
-	s.h.m.pending.WithLabelValues(s.table.name).Set(float64(len(buf)))
+	s.h.m.buffered.WithLabelValues(s.table.name).Set(float64(len(buf)))
 }
 
 // historyTouch tells JetStream the messages are still being worked on.
