@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,7 +171,7 @@ func TestBridgeRedeliveryAfterCrash(t *testing.T) {
 	t.Logf("READINGS holds %d of %d after the crash", afterCrash, n)
 
 	stop := e.start(t, Config{Prefetch: 100})
-	eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= n })
+	eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= uint64(n) })
 	e.quiesce(t)
 	stop()
 	if got := e.queueReady(t, e.queue); got != 0 {
@@ -185,11 +186,26 @@ func TestBridgeRedeliveryAfterCrash(t *testing.T) {
 	t.Logf("duplicates recognised after the crash: %v", metricValue(e.bridge.m.duplicates))
 }
 
+// restartReadings is the length of the restart tests' runs: 20,000, or
+// LOCKS_BRIDGE_RESTART_READINGS (e.g. 100000 for the full run).
+func restartReadings(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv("LOCKS_BRIDGE_RESTART_READINGS")
+	if v == "" {
+		return 20000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 100 {
+		t.Fatalf("LOCKS_BRIDGE_RESTART_READINGS=%q: want a number >= 100", v)
+	}
+	return n
+}
+
 // TestBridgeNATSRestart restarts NATS in the middle of 20,000 readings.
 func TestBridgeNATSRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
-	const n, sensors = 20000, 1000
+	n, sensors := restartReadings(t), 1000
 	var msgs []amqp.Publishing
 	var want []int
 	for i := range n {
@@ -198,14 +214,14 @@ func TestBridgeNATSRestart(t *testing.T) {
 	}
 	e.publish(t, msgs)
 	stop := e.start(t, Config{PublishTimeout: 2 * time.Second})
-	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= n/4 })
+	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
 	before := e.streamMsgs(t)
 	e.nats.Restart(500 * time.Millisecond)
 	t.Logf("NATS restarted with %d of %d readings appended", before, n)
-	if before >= n {
+	if before >= uint64(n) {
 		t.Fatal("the run ended before the restart")
 	}
-	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
+	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= uint64(n) })
 	e.quiesce(t)
 	stop()
 	if got := e.queueReady(t, e.queue); got != 0 {
@@ -221,7 +237,7 @@ func TestBridgeRabbitMQRestart(t *testing.T) {
 	t.Parallel()
 	node := privateRabbit(t)
 	e := newEnv(t, node.URL)
-	const n, sensors = 20000, 1000
+	n, sensors := restartReadings(t), 1000
 	var msgs []amqp.Publishing
 	var want []int
 	for i := range n {
@@ -230,15 +246,15 @@ func TestBridgeRabbitMQRestart(t *testing.T) {
 	}
 	e.publish(t, msgs)
 	stop := e.start(t, Config{})
-	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= n/4 })
+	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
 	before := e.streamMsgs(t)
 	node.restart()
 	t.Logf("RabbitMQ restarted with %d of %d readings appended", before, n)
-	if before >= n {
+	if before >= uint64(n) {
 		t.Fatal("the run ended before the restart")
 	}
 	e.connectAMQP(t)
-	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
+	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= uint64(n) })
 	e.quiesce(t)
 	stop()
 	if got := e.queueReady(t, e.queue); got != 0 {
