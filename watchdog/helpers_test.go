@@ -33,6 +33,9 @@ type env struct {
 
 	mu     sync.Mutex
 	bridge context.CancelFunc
+	// bridgeJS is the test bridge's own connection, slower to reconnect than the
+	// watchdog's, as a separate bridge process may well be.
+	bridgeJS jetstream.JetStream
 }
 
 func newEnv(t testing.TB, lostAfter time.Duration) *env {
@@ -52,6 +55,14 @@ func newEnv(t testing.TB, lostAfter time.Duration) *env {
 		t.Fatal(err)
 	}
 	_ = ch.Close()
+	bnc, err := nats.Connect(e.nats.URL, nats.MaxReconnects(-1), nats.ReconnectWait(time.Second), nats.ReconnectJitter(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bnc.Close)
+	if e.bridgeJS, err = jetstream.New(bnc); err != nil {
+		t.Fatal(err)
+	}
 	e.lag = RabbitLag(e.rabbit.URL, e.rabbit.Queue, 0, 50*time.Millisecond)
 	e.startBridge()
 	t.Cleanup(e.stopBridge)
@@ -85,7 +96,7 @@ func (e *env) startBridge() {
 				_ = d.Nack(false, false)
 				continue
 			}
-			if _, err := e.append(context.Background(), m.SensorID, d.MessageId); err != nil {
+			if _, err := e.appendWith(context.Background(), e.bridgeJS, m.SensorID, d.MessageId); err != nil {
 				_ = d.Nack(false, true)
 				continue
 			}
@@ -128,12 +139,16 @@ func (e *env) publishRabbit(sensor string, n int) {
 
 // append writes a reading straight to READINGS, received now.
 func (e *env) append(ctx context.Context, sensor, id string) (time.Time, error) {
+	return e.appendWith(ctx, e.nats.JS, sensor, id)
+}
+
+func (e *env) appendWith(ctx context.Context, js jetstream.JetStream, sensor, id string) (time.Time, error) {
 	now := time.Now().UTC()
 	if id == "" {
 		id = fmt.Sprintf("%s@%d", sensor, now.UnixNano())
 	}
 	b, _ := json.Marshal(event.Log{V: event.Version, Kind: event.KindReading, SensorID: sensor, Data: 1, Time: now, ReceivedTime: now, MessageID: id})
-	_, err := e.nats.JS.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: b}, jetstream.WithMsgID(id))
+	_, err := js.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: b}, jetstream.WithMsgID(id))
 	return now, err
 }
 

@@ -122,6 +122,7 @@ type Watchdog struct {
 	lagMu      sync.Mutex
 	lastBehind time.Time
 	lagErr     bool
+	reconnects uint64 // of our NATS connection, when last looked
 
 	mu   sync.Mutex
 	held map[string]candidate
@@ -181,6 +182,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		held:  map[string]candidate{},
 		wake:  make(chan struct{}, 1),
 	}
+	w.reconnects = d.JS.Conn().Stats().Reconnects
 	for _, p := range cfg.Owned {
 		w.owned[p] = true
 		w.parts[p] = &partState{}
@@ -603,6 +605,15 @@ func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
 	} else if w.lagErr {
 		w.lagErr = false
 		w.log.Info("upstream lag known again")
+	}
+	// NATS itself was away: the bridge could not append either, and what it holds now
+	// (unacked in RabbitMQ, so not counted as ready) is on its way in. Count it as behind.
+	if nc := w.js.Conn(); nc.Status() != nats.CONNECTED {
+		behind = true
+	} else if r := nc.Stats().Reconnects; r != w.reconnects {
+		w.reconnects = r
+		w.log.Info("NATS reconnected; holding expiries for the catch-up grace", "grace", w.cfg.CatchUpGrace)
+		behind = true
 	}
 	if behind {
 		w.lastBehind = now

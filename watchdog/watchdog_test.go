@@ -389,3 +389,48 @@ func TestPartitionsSplitBetweenProcesses(t *testing.T) {
 		t.Errorf("facts by process: %v and %v, want %d split between both", a, b, len(sensors))
 	}
 }
+
+// TestNoStormAfterNATSOutage keeps a few sensors publishing to RabbitMQ every second while
+// NATS is down for 2 × lost_after (the bridge cannot append; what it holds is unacked, so the
+// queue shows no ready backlog): when NATS returns, every key has expired, yet no sensor that
+// kept publishing gets a fact; the one that had really stopped gets one.
+func TestNoStormAfterNATSOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, lostAfter)
+	f := e.collectFacts()
+	e.start(Config{LostAfter: lostAfter})
+	publishing := []string{"p1", "p2", "p3", "p4", "p5"}
+	for _, s := range append([]string{"gone"}, publishing...) {
+		e.publishRabbit(s, 0)
+	}
+	stopPublishing := make(chan struct{})
+	publisherDone := make(chan struct{})
+	go func() {
+		defer close(publisherDone)
+		for n := 1; ; n++ {
+			select {
+			case <-stopPublishing:
+				return
+			case <-time.After(time.Second):
+				for _, s := range publishing {
+					e.publishRabbit(s, n)
+				}
+			}
+		}
+	}()
+	defer func() { close(stopPublishing); <-publisherDone }()
+	time.Sleep(1500 * time.Millisecond)
+	e.nats.Restart(2 * lostAfter)
+	back := time.Now()
+	got, ok := f.waitFact("gone", back.Add(10*time.Second))
+	if !ok {
+		t.Fatal("the sensor that had stopped was not declared after the outage")
+	}
+	t.Logf("gone declared %s after NATS came back", got.fact.ReceivedTime.Sub(back).Round(time.Millisecond))
+	time.Sleep(lostAfter)
+	for _, s := range publishing {
+		if n := len(f.of(s)); n != 0 {
+			t.Errorf("%s kept publishing through the outage and got %d liveness_timeout facts", s, n)
+		}
+	}
+}
