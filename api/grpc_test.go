@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
@@ -252,5 +254,42 @@ func TestServeStops(t *testing.T) {
 	ln := e.srv
 	if err := ln.Serve(ctx, nopListener{}); err == nil {
 		t.Fatal("second Serve did not fail")
+	}
+}
+
+// Server reflection (for grpcurl) lists the services, to a caller with a token only.
+func TestGRPCReflection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	list := func(ctx context.Context) ([]string, error) {
+		stream, err := grpc_reflection_v1.NewServerReflectionClient(e.raw).ServerReflectionInfo(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := stream.Send(&grpc_reflection_v1.ServerReflectionRequest{
+			MessageRequest: &grpc_reflection_v1.ServerReflectionRequest_ListServices{ListServices: "*"},
+		}); err != nil {
+			return nil, err
+		}
+		res, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, s := range res.GetListServicesResponse().GetService() {
+			names = append(names, s.GetName())
+		}
+		return names, nil
+	}
+	_, err := list(t.Context())
+	wantCode(t, err, codes.Unauthenticated)
+	names, err := list(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+testToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"locks.v1.ClientService", "locks.v1.SensorService", "locks.v1.SubscriptionService", "locks.v1.StateService", "locks.v1.HistoryService"} {
+		if !slices.Contains(names, want) {
+			t.Fatalf("reflection lists %v, without %s", names, want)
+		}
 	}
 }
