@@ -263,8 +263,8 @@ func (b *Bridge) session(ctx context.Context) error {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	for _, q := range []string{b.cfg.Queue, b.cfg.InvalidQueue} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("declare queue %s: %w", q, err)
+		if err := declareQueue(conn, q); err != nil {
+			return err
 		}
 	}
 	pub, err := pubConn.Channel()
@@ -347,6 +347,29 @@ read:
 		return failErr
 	}
 	return readErr
+}
+
+// declareQueue declares q durable if it is missing, and takes it as it is if it exists, so
+// that an operator may create it with arguments of their own (a quorum queue, a length
+// limit) without the bridge failing on "inequivalent arg".
+func declareQueue(conn *amqp.Connection, q string) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		// The failed passive declare closed the channel.
+		if ch, err = conn.Channel(); err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		_, err = ch.QueueDeclare(q, true, false, false, false, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("declare queue %s: %w", q, err)
+	}
+	return ch.Close()
 }
 
 // handle starts the work on one delivery: an async append, or a confirmed publish to the

@@ -326,3 +326,32 @@ func TestBridgeInvalidQueueDeleted(t *testing.T) {
 		t.Fatalf("READINGS holds %d, want 1", n)
 	}
 }
+
+// TestBridgeQuorumQueue: a readings queue an operator created with arguments of their own
+// (here a quorum queue) is used as it is.
+func TestBridgeQuorumQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	if _, err := e.ch.QueueDelete(e.queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ch.QueueDeclare(e.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	const n, sensors = 200, 7
+	var msgs []amqp.Publishing
+	var want []int
+	for i := range n {
+		msgs = append(msgs, reading(i, sensors))
+		want = append(want, i)
+	}
+	e.publish(t, msgs)
+	stop := e.start(t, Config{})
+	eventually(t, 30*time.Second, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
+	e.quiesce(t)
+	stop()
+	checkExactlyOnce(t, e, want, sensors)
+	if c := metricValue(e.bridge.m.connects); c != 1 {
+		t.Fatalf("connects %v, want 1", c)
+	}
+}
