@@ -78,7 +78,12 @@ type sensorMsg struct {
 func (e *env) startBridge() {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := e.rabbit.Conn.Channel()
+	// Its own connection, as a bridge process has.
+	conn, err := amqp.Dial(e.rabbit.URL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ch, err := conn.Channel()
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -105,9 +110,12 @@ func (e *env) startBridge() {
 	}()
 	e.mu.Lock()
 	e.bridge = func() {
+		// Cancel the consumer and let the loop finish what was delivered before closing:
+		// an ack on a closed channel would be a connection error.
 		cancel()
-		_ = ch.Close()
 		<-done
+		_ = ch.Close()
+		_ = conn.Close()
 	}
 	e.mu.Unlock()
 }
