@@ -432,6 +432,9 @@ func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps 
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				return ctx.Err()
 			}
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("pull READINGS: %w", err) // recreated by consume
+			}
 			w.log.Debug("READINGS iterator", "err", err)
 			continue
 		}
@@ -722,7 +725,9 @@ func (w *Watchdog) requeue(sensor string, c candidate) {
 	if _, ok := w.held[sensor]; !ok {
 		w.held[sensor] = c
 	}
+	n := len(w.held)
 	w.mu.Unlock()
+	w.m.held.Set(float64(n))
 }
 
 // FactMsgID is the Nats-Msg-Id of the liveness_timeout fact that follows the reading at
