@@ -13,7 +13,7 @@ import (
 
 // keyState is what a sweep reads of one key.
 type keyState struct {
-	seq    uint64 // READINGS sequence the value stands for
+	seenUS int64  // receive time (unix µs, Postgres' precision) of the reading the value stands for
 	rev    uint64 // KV revision
 	marker bool   // an expiry not settled yet
 }
@@ -43,9 +43,11 @@ func (w *Watchdog) sweepIfCaughtUp(ctx context.Context) error {
 
 // Sweep compares sensor_state (the state projection) with the liveness keys of the owned
 // partitions and repairs what differs: an online sensor whose key is missing, or stands for
-// an older reading than the projection has applied, gets its key recreated with the TTL left
-// from last_seen (or, when none is left, goes through the expiry check). It returns the
-// number of repairs, which is also added to locks_watchdog_reconcile_repairs_total.
+// an older reading (by receive time) than the projection has applied, gets its key
+// recreated with the TTL left from last_seen (or, when none is left, goes through the expiry
+// check). It returns the number of repairs, also added to
+// locks_watchdog_reconcile_repairs_total. Sensors are compared by receive time, so it does
+// not matter whether the projection's last_seq counts liveness facts.
 func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	keys, err := w.snapshotKeys(ctx)
 	if err != nil {
@@ -71,7 +73,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 		}
 		s.lastSeq = uint64(seq)
 		k, ok := keys[s.sensor]
-		if ok && (k.marker || k.seq >= s.lastSeq) {
+		if ok && (k.marker || k.seenUS >= s.lastSeen.UnixMicro()) {
 			continue
 		}
 		suspects = append(suspects, s)
@@ -98,7 +100,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 				continue // an expiry: the expiry path settles it
 			}
 			var v keyValue
-			if json.Unmarshal(m.Data, &v) == nil && v.Seq >= s.lastSeq {
+			if json.Unmarshal(m.Data, &v) == nil && v.ReceivedNS/1000 >= s.lastSeen.UnixMicro() {
 				continue
 			}
 			rev = m.Sequence
@@ -162,7 +164,7 @@ func (w *Watchdog) snapshotKeys(ctx context.Context) (map[string]keyState, error
 			} else {
 				var v keyValue
 				if json.Unmarshal(m.Data(), &v) == nil {
-					k.seq = v.Seq
+					k.seenUS = v.ReceivedNS / 1000
 				}
 			}
 			out[sensor] = k
