@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -63,7 +64,8 @@ type rawReading struct {
 //   - data is the JSON number zero or one in any JSON spelling (0, 1, 1.0, 1e0, 10e-1, -0);
 //     strings ("1"), booleans, null and any other value are invalid. The value is compared
 //     exactly, so 0.99999999999999999999 is not 1.
-//   - ts: null is the same as absent. A ts must be RFC 3339 (with or without fraction) and,
+//   - ts: null is the same as absent. A ts must be RFC 3339 (YYYY-MM-DDTHH:MM:SS, an
+//     optional fraction, Z or ±HH:MM; t and z may be lower-case; no leap second 60) and,
 //     once in UTC, within years 0000–9999.
 //   - sensor_id is the decoded JSON string, so "\u0041" is "A".
 //   - Duplicate keys: the last one wins, as in encoding/json.
@@ -105,6 +107,12 @@ func Decode(body []byte, receivedAt time.Time) (Reading, error) {
 		if !ok {
 			return Reading{}, invalid(ReasonTS, "ts: must be an RFC 3339 time string")
 		}
+		// RFC 3339 allows a lower-case t and z; time.Parse wants them upper-case, and on its
+		// own would also take what RFC 3339 does not (a comma fraction, a +24:00 offset).
+		s = strings.ToUpper(s)
+		if !rfc3339Shape(s) {
+			return Reading{}, invalid(ReasonTS, "ts: must be an RFC 3339 time string")
+		}
 		t, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {
 			return Reading{}, invalid(ReasonTS, "ts: must be an RFC 3339 time string")
@@ -133,6 +141,57 @@ func jsonString(tok []byte) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// rfc3339Shape checks the layout YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM) with an offset
+// of at most 23:59; time.Parse checks the ranges of the date and time fields.
+func rfc3339Shape(s string) bool {
+	if len(s) < 20 {
+		return false
+	}
+	digit := func(c byte) bool { return '0' <= c && c <= '9' }
+	for i := 0; i < 19; i++ {
+		c := s[i]
+		switch i {
+		case 4, 7:
+			if c != '-' {
+				return false
+			}
+		case 10:
+			if c != 'T' {
+				return false
+			}
+		case 13, 16:
+			if c != ':' {
+				return false
+			}
+		default:
+			if !digit(c) {
+				return false
+			}
+		}
+	}
+	rest := s[19:]
+	if rest[0] == '.' {
+		j := 1
+		for j < len(rest) && digit(rest[j]) {
+			j++
+		}
+		if j == 1 {
+			return false
+		}
+		rest = rest[j:]
+	}
+	if rest == "Z" {
+		return true
+	}
+	if len(rest) != 6 || (rest[0] != '+' && rest[0] != '-') || rest[3] != ':' ||
+		!digit(rest[1]) || !digit(rest[2]) || !digit(rest[4]) || !digit(rest[5]) {
+		return false
+	}
+	hh := int(rest[1]-'0')*10 + int(rest[2]-'0')
+	mm := int(rest[4]-'0')*10 + int(rest[5]-'0')
+	return hh <= 23 && mm <= 59
 }
 
 // ValidSensorID says whether id is 1 to 16 ASCII letters and digits.
