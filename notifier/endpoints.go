@@ -58,6 +58,24 @@ func (es *endpoints) busy(now time.Time) []string {
 	return out
 }
 
+// capacity is what every endpoint this process knows can take now.
+func (es *endpoints) capacity(now time.Time) capacity {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	c := capacity{perClient: es.perEndpoint}
+	for id, e := range es.m {
+		switch {
+		case !es.canTake(e, now):
+			c.busy = append(c.busy, id)
+		case e.fails >= es.threshold: // half-open: one probe
+			c.freeClient, c.free = append(c.freeClient, id), append(c.free, 1)
+		case e.inflight > 0:
+			c.freeClient, c.free = append(c.freeClient, id), append(c.free, int32(es.perEndpoint-e.inflight))
+		}
+	}
+	return c
+}
+
 // acquire takes a slot of client's endpoint, or reports false.
 func (es *endpoints) acquire(client string, now time.Time) bool {
 	es.mu.Lock()

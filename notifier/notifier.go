@@ -35,7 +35,7 @@ const (
 
 // Options tune capacity and isolation; zero fields take the defaults.
 type Options struct {
-	// MaxInFlight bounds this process's concurrent attempts (default 256).
+	// MaxInFlight bounds this process's concurrent attempts (default 512).
 	MaxInFlight int
 	// PerEndpoint bounds one client's concurrent attempts in this process (default 8).
 	PerEndpoint int
@@ -65,7 +65,7 @@ func (o *Options) setDefaults() {
 			*v = d
 		}
 	}
-	def(&o.MaxInFlight, 256)
+	def(&o.MaxInFlight, 512)
 	def(&o.PerEndpoint, 8)
 	def(&o.BreakerThreshold, 5)
 	def(&o.Batch, 256)
@@ -368,6 +368,7 @@ func (n *Notifier) dispatch(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	backoff := 100 * time.Millisecond
+	busyLoop := false
 	for ctx.Err() == nil {
 		free := n.opt.MaxInFlight - int(n.inflight.Load())
 		if free <= 0 {
@@ -377,8 +378,24 @@ func (n *Notifier) dispatch(ctx context.Context) {
 			}
 			continue
 		}
+		if free < n.opt.MaxInFlight/4 && busyLoop {
+			// Claiming for one or two free slots at a time would cost a claim per delivery:
+			// let a quarter of the slots free up first, but not for long.
+			t := time.NewTimer(2 * time.Millisecond)
+			for free < n.opt.MaxInFlight/4 {
+				select {
+				case <-n.slotFreed:
+					free = n.opt.MaxInFlight - int(n.inflight.Load())
+					continue
+				case <-t.C:
+				case <-ctx.Done():
+				}
+				break
+			}
+			t.Stop()
+		}
 		now := time.Now()
-		cs, err := claim(ctx, n.db, n.ep.busy(now), n.opt.PerEndpoint, min(free, n.opt.Batch), rand.Int64(), n.lease)
+		cs, err := claim(ctx, n.db, n.ep.capacity(now), min(free, n.opt.Batch), rand.Int64(), n.lease)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -427,6 +444,7 @@ func (n *Notifier) dispatch(ctx context.Context) {
 			}
 			cancel()
 		}
+		busyLoop = started > 0
 		if started > 0 {
 			continue
 		}

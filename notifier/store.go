@@ -48,7 +48,7 @@ func outcomeOf(state string) string {
 // newerExists is true for a row d when a row of a higher revision exists for the same
 // (client, sensor), in any state: from then on d must never be sent.
 const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
-	WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.revision > d.revision)`
+	WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.revision > d.revision OFFSET 0)`
 
 // insertDeliveries creates one delivery per (event, subscribed client) in tx, idempotently by
 // (event_id, client_id), and supersedes the older rows of the keys it touched. It returns the
@@ -174,33 +174,64 @@ type claimed struct {
 	subscribed    bool
 }
 
-// eligible is a due, unleased, pending row with no newer revision and no other row of its
-// (client, sensor) in flight: per key, one attempt at a time, newest only.
-const eligible = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now())
-	AND NOT EXISTS (SELECT 1 FROM notifier_deliveries o
+// claimable is a due, unleased, pending row; unblocked adds that no row of a higher
+// revision exists for its (client, sensor) and no other row of the key is in flight: per
+// key, one attempt at a time, newest only.
+const (
+	claimable = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now())`
+	// OFFSET 0 keeps this a per-row index probe: as an anti-join the planner would hash the
+	// whole table for every claim.
+	unblocked = `NOT EXISTS (SELECT 1 FROM notifier_deliveries o
 		WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id
-		  AND (o.revision > d.revision OR (o.state = 'pending' AND o.lease_until >= now())))`
+		  AND (o.revision > d.revision OR (o.state = 'pending' AND o.lease_until >= now())) OFFSET 0)`
+	eligible = claimable + ` AND ` + unblocked
+)
 
-// claim leases up to limit eligible rows, at most perClient per client, skipping the busy
-// clients. It is two statements in one transaction: the first picks candidates and takes a
-// transaction-scoped advisory lock per (client, sensor); the second re-checks eligibility
-// with a snapshot taken after those locks, so two notifier processes can never both put
+// capacity says which clients can take how many attempts: busy ones none, those in free
+// the given number, every other one perClient.
+type capacity struct {
+	busy       []string
+	freeClient []string
+	free       []int32
+	perClient  int
+}
+
+// claim leases up to limit eligible rows, within each client's capacity, earliest due
+// first. It looks at the window of the earliest 4×limit due rows only, so that a large
+// backlog does not make every claim scan it. It is two statements in one transaction: the
+// first picks candidates and takes a transaction-scoped advisory lock per (client, sensor)
+// (pg_try_advisory_xact_lock: a key another claimer holds is skipped, not waited for — the
+// SKIP LOCKED of keys); the second leases them, re-checking eligibility with a snapshot
+// taken after those locks, so two notifier processes can never both lease one row nor put
 // two revisions of one key in flight (the second would see the first's committed lease).
-func claim(ctx context.Context, db DB, busy []string, perClient, limit int, token int64, lease time.Duration) ([]claimed, error) {
+// A concurrent writer of the row (ingest superseding it) is waited for and re-checked by
+// the UPDATE itself.
+func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
+	// A nil slice is SQL NULL, and x = ANY(NULL) is never false.
+	busy, fc, fr := c.busy, c.freeClient, c.free
 	if busy == nil {
-		busy = []string{} // a nil slice is SQL NULL, and x = ANY(NULL) is never false
+		busy = []string{}
+	}
+	if fc == nil {
+		fc, fr = []string{}, []int32{}
 	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			SELECT id FROM (
-				SELECT d.id, d.client_id, d.sensor_id, d.next_at,
-				       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
-				FROM notifier_deliveries d
-				WHERE `+eligible+` AND NOT (d.client_id = ANY($1::text[]))
-			) w
-			WHERE rn <= $2 AND pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))
-			ORDER BY next_at, id LIMIT $3`, busy, perClient, limit)
+				SELECT id, client_id, sensor_id FROM (
+					SELECT d.id, d.client_id, d.sensor_id, d.revision, d.next_at, coalesce(f.free, $2) AS free,
+					       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
+					FROM (SELECT * FROM notifier_deliveries d
+					      WHERE `+claimable+` AND NOT (d.client_id = ANY($1::text[]))
+					      ORDER BY d.next_at, d.id LIMIT $4) d
+					LEFT JOIN unnest($5::text[], $6::int[]) AS f(client_id, free) ON f.client_id = d.client_id
+				) d
+				WHERE rn <= free AND `+unblocked+`
+				ORDER BY next_at, id LIMIT $3
+			) x
+			WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
+			busy, c.perClient, limit, 4*limit, fc, fr)
 		if err != nil {
 			return err
 		}
@@ -209,13 +240,9 @@ func claim(ctx context.Context, db DB, busy []string, perClient, limit int, toke
 			return err
 		}
 		rows, err = tx.Query(ctx, `
-			WITH locked AS (
-				SELECT d.id FROM notifier_deliveries d
-				WHERE d.id = ANY($1::bigint[]) AND `+eligible+`
-				FOR UPDATE OF d SKIP LOCKED
-			), c AS (
+			WITH c AS (
 				UPDATE notifier_deliveries d SET lease_until = now() + $2 * interval '1 microsecond', lease_token = $3
-				FROM locked WHERE d.id = locked.id
+				WHERE d.id = ANY($1::bigint[]) AND `+eligible+`
 				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base
 			)
 			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base,

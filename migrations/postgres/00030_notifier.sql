@@ -28,7 +28,7 @@ CREATE TABLE notifier_deliveries (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     UNIQUE (event_id, client_id)
 );
-CREATE INDEX notifier_deliveries_due ON notifier_deliveries (next_at) WHERE state = 'pending';
+CREATE INDEX notifier_deliveries_due ON notifier_deliveries (next_at, id) WHERE state = 'pending';
 CREATE INDEX notifier_deliveries_key ON notifier_deliveries (client_id, sensor_id, revision);
 CREATE INDEX notifier_deliveries_dead ON notifier_deliveries (client_id, updated_at) WHERE state = 'dead';
 CREATE INDEX notifier_deliveries_done ON notifier_deliveries (updated_at) WHERE state IN ('delivered', 'cancelled', 'superseded');
