@@ -315,7 +315,7 @@ func (b *Bridge) session(ctx context.Context) error {
 
 	var readErr error
 read:
-	for {
+	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 			break read
