@@ -320,3 +320,27 @@ func TestHangingReceiverIsolation(t *testing.T) {
 		t.Fatalf("hanging receiver got %d concurrent requests, want at most PerEndpoint=4", c)
 	}
 }
+
+// TestRetryAfterHonoured: a 429 with Retry-After pushes the next attempt back (within the
+// longest delay of the schedule); a 500 does not.
+func TestRetryAfterHonoured(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 200*time.Millisecond, 3*time.Second)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, _ *http.Request) int {
+		if n == 1 {
+			w.Header().Set("Retry-After", "1")
+			return http.StatusTooManyRequests
+		}
+		return http.StatusOK
+	})
+	e.client("c1", rc.URL)
+	e.sensor("s1", "here")
+	e.subscribe("c1", "s1")
+	e.start(Options{})
+	e.publish(testEvent("s1", 1, 1))
+	waitFor(t, 10*time.Second, "second attempt", func() bool { return rc.count() >= 2 })
+	hs := rc.got()
+	if gap := hs[1].at.Sub(hs[0].at); gap < time.Second || gap > 2500*time.Millisecond {
+		t.Fatalf("gap after a 429 with Retry-After: 1 is %s, want about 1s (the schedule says 200ms)", gap)
+	}
+}
