@@ -1,9 +1,11 @@
 package notifier
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,17 +101,23 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	return created, append(recs, more...), err
 }
 
-// supersede marks as superseded the waiting (not in-flight) rows that have a newer revision,
-// restricted to the given (client, sensor) keys, or everywhere when clients is nil.
+// supersede marks as superseded the pending rows that have a newer revision, restricted to
+// the given (client, sensor) keys, or everywhere when clients is nil. A row whose attempt is
+// in flight is flagged instead, and superseded when its attempt ends unless delivered. The
+// flag is set by an UPDATE of the row, so it serialises with the finishing UPDATE on the
+// row lock (re-checked on the newest row version): whichever commits second sees the other.
 func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]event.Attempt, error) {
-	q := `UPDATE notifier_deliveries d SET state = 'superseded', lease_until = NULL, lease_token = NULL, updated_at = now()
-		WHERE d.state = 'pending' AND (d.lease_until IS NULL OR d.lease_until < now()) AND ` + newerExists
+	q := `UPDATE notifier_deliveries d SET
+			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
+			supersede_on_finish = true, updated_at = now()
+		WHERE d.state = 'pending' AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
+		  AND ` + newerExists
 	args := []any{}
 	if clients != nil {
 		q += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
 		args = append(args, clients, sensors)
 	}
-	q += ` RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts`
+	q += ` RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("supersede: %w", err)
@@ -119,8 +127,12 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	now := time.Now()
 	for rows.Next() {
 		a := event.Attempt{V: event.Version, Time: now, Outcome: event.OutcomeSuperseded}
-		if err := rows.Scan(&a.EventID, &a.ClientID, &a.SensorID, &a.Attempt); err != nil {
+		var state string
+		if err := rows.Scan(&a.EventID, &a.ClientID, &a.SensorID, &a.Attempt, &state); err != nil {
 			return nil, fmt.Errorf("supersede: %w", err)
+		}
+		if state != StateSuperseded {
+			continue // in flight: recorded when its attempt ends
 		}
 		a.Attempt++ // the attempt that will not be made
 		recs = append(recs, a)
@@ -318,6 +330,8 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 		statuses            []int32
 		counted             []bool
 	)
+	// Rows in id order, so that two finishing batches lock them in the same order.
+	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
 	byID := map[int64]result{}
 	for _, r := range rs {
 		byID[r.c.id] = r
@@ -331,7 +345,8 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 		recs = recs[:0]
 		rows, err := tx.Query(ctx, `
 			UPDATE notifier_deliveries d SET
-				state = CASE WHEN NOT r.counted THEN d.state
+				state = CASE WHEN (NOT r.counted OR r.state = 'pending') AND d.supersede_on_finish THEN 'superseded'
+				             WHEN NOT r.counted THEN d.state
 				             WHEN r.state = 'pending' AND `+newerExists+` THEN 'superseded'
 				             ELSE r.state END,
 				attempts = d.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,

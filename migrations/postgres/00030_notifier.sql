@@ -22,6 +22,10 @@ CREATE TABLE notifier_deliveries (
     next_at      timestamptz NOT NULL DEFAULT now(),
     lease_until  timestamptz,
     lease_token  bigint,
+    -- A newer revision arrived while this row's attempt was in flight: when the attempt
+    -- ends, the row is superseded instead of retried. Written by the same UPDATE-row lock
+    -- as the attempt's outcome, so neither can miss the other.
+    supersede_on_finish boolean NOT NULL DEFAULT false,
     last_status  int,
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
