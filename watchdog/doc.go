@@ -1,7 +1,8 @@
 // Package watchdog declares sensors lost when no reading came for lost_after, from the
 // expiry of per-sensor keys in a JetStream KV bucket with limit markers.
 //
-// Every reading in READINGS refreshes its sensor's key in the `liveness` bucket with a
+// Every reading in READINGS refreshes its sensor's key ("<partition>.<sensor_id>", so that a
+// process watches only the keys of the partitions it owns) in the `liveness` bucket with a
 // per-message TTL of what is left of the sensor's lost_after (sensors.lost_after_ms, or
 // LOCKS_LOST_AFTER), counted from the reading's receive time. When a key expires the server
 // writes a delete marker (Nats-Marker-Reason: MaxAge) in its place; the watchdog watches the
@@ -9,9 +10,16 @@
 // partition of READINGS. It never decides "lost" itself: the state projector does, from the
 // log alone (fact time − last reading ≥ lost_after), so replays give the same answer.
 //
+// The server counts per-message TTLs in whole seconds, so the TTL is rounded up: a fact comes
+// up to about a second after the deadline (plus the server's expiry timer), never before it.
+// Markers live 24 h (natsx.Declare), so one that expires while the watchdog is down is still
+// there, replayed by the watcher, when it comes back; the sweep catches anything older.
+//
 // No false alarm from our own lag: an expiry is held while the watchdog's READINGS consumer of
 // that partition has not yet applied every reading stored before the expiry, and while the
-// upstream (the RabbitMQ queue the bridge drains) is behind, as told by the Lag hook. Once
+// upstream (the RabbitMQ queue the bridge drains) is behind, as told by the Lag hook, or our
+// NATS connection is down, and for CatchUpGrace after either (what the bridge holds unacked
+// is not in the queue's ready count, and may still be on its way into READINGS). Once
 // caught up, each held expiry is checked against the sensor's last message in READINGS (the
 // truth): a sensor whose last reading is younger than lost_after gets its key refreshed, one
 // whose last message is already a liveness_timeout gets nothing, the others get their fact.
