@@ -35,10 +35,16 @@
 //     attempt is made again (at least once: receivers de-duplicate by webhook-id).
 //   - Order and supersede per (client, sensor): a row is claimable only when no row of a
 //     higher revision exists for its key and no other row of the key is in flight. Newer
-//     events mark the waiting older rows superseded (at ingest, after a failed attempt, and
-//     in a periodic sweep for rows a crashed process left behind). Claiming takes an
-//     advisory lock per key and re-checks in a fresh snapshot, so two processes cannot put
-//     two revisions of one key in flight.
+//     events mark the waiting older rows superseded at ingest; an older row whose attempt
+//     is in flight is flagged (supersede_on_finish) and superseded when that attempt ends
+//     unless it was delivered — flag and outcome are both UPDATEs of the row, so they
+//     serialise on its lock and neither misses the other; a periodic sweep catches rows a
+//     crashed process left behind. Claiming takes an advisory lock per key and re-checks
+//     in a fresh snapshot, so two processes cannot put two revisions of one key in flight.
+//     Redrive never revives a revision older than the newest one of its key.
+//   - Several notifier processes share one table: ingest is split by EVENTS partition
+//     (one durable consumer per partition), sending by claims. The per-endpoint limit and
+//     the circuit breaker are per process.
 //   - Isolation: at most Options.PerEndpoint attempts per client in flight per process and
 //     a circuit breaker per client; a client that cannot take an attempt is excluded from
 //     claims, so its backlog waits in Postgres instead of holding slots, and every attempt

@@ -90,6 +90,7 @@ type env struct {
 	pgURL string
 	pool  *pgxpool.Pool
 	cfg   config.Config
+	reg   *prometheus.Registry
 }
 
 func newEnv(t testing.TB, schedule ...time.Duration) *env {
@@ -116,7 +117,8 @@ func (e *env) start(opt Options) *Notifier {
 	if opt.BreakerCooldown == 0 {
 		opt.BreakerCooldown = 200 * time.Millisecond
 	}
-	n, err := New(e.cfg, Deps{JS: e.nats.JS, DB: e.pool, Log: testenv.Logger(e.t).With("t", e.t.Name()), Reg: prometheus.NewRegistry(), Options: opt})
+	e.reg = prometheus.NewRegistry()
+	n, err := New(e.cfg, Deps{JS: e.nats.JS, DB: e.pool, Log: testenv.Logger(e.t).With("t", e.t.Name()), Reg: e.reg, Options: opt})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -74,6 +74,41 @@ func TestRetryThenSuccess(t *testing.T) {
 	if rc.count() != 3 {
 		t.Errorf("receiver got %d requests after delivery, want 3", rc.count())
 	}
+	for outcome, want := range map[string]float64{"retry": 2, "delivered": 1, "dead": 0} {
+		if got := metricValue(t, e, "locks_notifier_attempts_total", "outcome", outcome); got != want {
+			t.Errorf("locks_notifier_attempts_total{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+	for class, want := range map[string]float64{"5xx": 2, "2xx": 1} {
+		if got := metricValue(t, e, "locks_notifier_attempt_duration_seconds", "result", class); got != want {
+			t.Errorf("locks_notifier_attempt_duration_seconds{result=%q} count = %v, want %v", class, got, want)
+		}
+	}
+}
+
+// metricValue is a counter's value or a histogram's count, for the series with label=value.
+func metricValue(t *testing.T, e *env, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					if h := m.GetHistogram(); h != nil {
+						return float64(h.GetSampleCount())
+					}
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 func mustInt(t testing.TB, s string) int64 {
