@@ -35,6 +35,8 @@ type Config struct {
 	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
 	HistoryBatchSize     int
 	HistoryFlushInterval time.Duration
+	// WatchdogSweep is the period of the watchdog's reconciliation sweep.
+	WatchdogSweep time.Duration
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -198,6 +200,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
+		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's sweep comparing sensor_state with the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "debug", "info", "warn", "error":
