@@ -1,8 +1,11 @@
 package notifier
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -378,4 +381,80 @@ func TestRetryAfterHonoured(t *testing.T) {
 	if gap := hs[1].at.Sub(hs[0].at); gap < time.Second || gap > 2500*time.Millisecond {
 		t.Fatalf("gap after a 429 with Retry-After: 1 is %s, want about 1s (the schedule says 200ms)", gap)
 	}
+}
+
+// TestTwoNotifiersShareWork: two notifier processes on one database and one EVENTS stream
+// deliver every newest revision once, never an older revision after a newer one, and no
+// event twice.
+func TestTwoNotifiersShareWork(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 200*time.Millisecond)
+	type key struct{ client, sensor string }
+	var mu sync.Mutex
+	seen := map[key][]int64{}
+	ids := map[string]int{}
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b gotBody
+		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		k := key{r.URL.Query().Get("c"), b.Sensor.ID}
+		seen[k] = append(seen[k], b.Revision)
+		ids[r.URL.Query().Get("c")+"/"+r.Header.Get("webhook-id")]++
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}))
+	t.Cleanup(rc.Close)
+	const clients, sensors, revisions = 3, 20, 5
+	for c := 0; c < clients; c++ {
+		e.client(fmt.Sprintf("c%d", c), fmt.Sprintf("%s/?c=c%d", rc.URL, c))
+	}
+	e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'a' FROM generate_series(1, $1::int) i`, sensors)
+	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT c.id, s.id FROM clients c, sensors s`)
+	e.start(Options{Batch: 8})
+	e1 := *e
+	e.start(Options{Batch: 8})
+	for r := int64(1); r <= revisions; r++ {
+		var evs []event.Event
+		for s := 1; s <= sensors; s++ {
+			evs = append(evs, testEvent(fmt.Sprintf("s%d", s), r, uint8(r%2)))
+		}
+		e.publish(evs...)
+	}
+	done := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) < clients*sensors {
+			return false
+		}
+		for _, revs := range seen {
+			if revs[len(revs)-1] != revisions {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, 20*time.Second, "every newest revision delivered", done)
+	time.Sleep(500 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for k, revs := range seen {
+		total += len(revs)
+		for i := 1; i < len(revs); i++ {
+			if revs[i] <= revs[i-1] {
+				t.Fatalf("%v got revisions %v: out of order or repeated", k, revs)
+			}
+		}
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Fatalf("%s delivered %d times", id, n)
+		}
+	}
+	t.Logf("%d deliveries for %d keys × %d revisions (the rest superseded); delivered by the first notifier %v, by the second %v",
+		total, clients*sensors, revisions, metricValue(t, &e1, "locks_notifier_attempts_total", "outcome", "delivered"),
+		metricValue(t, e, "locks_notifier_attempts_total", "outcome", "delivered"))
 }
