@@ -485,7 +485,7 @@ func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) 
 					return ctx.Err()
 				}
 			}
-			for !ok {
+			for attempt := 1; !ok; attempt++ {
 				_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: pd.put.Subject, Data: pd.put.Data, Header: nats.Header{}}, jetstream.WithMsgTTL(pd.ttl))
 				if err == nil {
 					break
@@ -493,7 +493,12 @@ func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) 
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				w.log.Debug("refresh liveness key; retrying", "subject", pd.put.Subject, "err", err)
+				// A NATS restart makes a few of these; more means the bucket is unusable.
+				level := slog.LevelDebug
+				if attempt%25 == 0 {
+					level = slog.LevelWarn
+				}
+				w.log.Log(ctx, level, "refresh liveness key; retrying", "subject", pd.put.Subject, "attempt", attempt, "err", err)
 				sleep(ctx, 200*time.Millisecond)
 			}
 			w.m.refreshes.Inc()
