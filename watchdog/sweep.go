@@ -18,27 +18,27 @@ type keyState struct {
 	marker bool   // an expiry not settled yet
 }
 
-func (w *Watchdog) sweepIfCaughtUp(ctx context.Context) error {
-	if w.upstreamBehind(ctx) {
-		w.log.Debug("reconciliation sweep skipped: upstream behind")
-		return nil
-	}
-	all := map[int]bool{}
-	for p := range w.parts {
-		all[p] = true
-	}
-	upTo, err := w.caughtUp(ctx, all)
-	if err != nil {
-		return err
-	}
-	for p, t := range upTo {
-		if t != int64(^uint64(0)>>1) {
-			w.log.Debug("reconciliation sweep skipped: READINGS consumer behind", "partition", p)
-			return nil
+// appliedUpTo is, per owned partition, the READINGS sequence up to which this process has
+// refreshed the keys (every sequence when its consumer has nothing pending or unacked).
+func (w *Watchdog) appliedUpTo(ctx context.Context) (map[int]uint64, error) {
+	out := map[int]uint64{}
+	for p, ps := range w.parts {
+		out[p] = ps.doneSeq.Load()
+		ps.mu.Lock()
+		cons := ps.cons
+		ps.mu.Unlock()
+		if cons == nil {
+			continue
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			out[p] = ^uint64(0)
 		}
 	}
-	_, err = w.Sweep(ctx)
-	return err
+	return out, nil
 }
 
 // Sweep compares sensor_state (the state projection) with the liveness keys of the owned
@@ -46,14 +46,21 @@ func (w *Watchdog) sweepIfCaughtUp(ctx context.Context) error {
 // an older reading (by receive time) than the projection has applied, gets its key
 // recreated with the TTL left from last_seen (or, when none is left, goes through the expiry
 // check). It returns the number of repairs, also added to
-// locks_watchdog_reconcile_repairs_total. Sensors are compared by receive time, so it does
-// not matter whether the projection's last_seq counts liveness facts.
+// locks_watchdog_reconcile_repairs_total.
+//
+// Only sensors whose last applied READINGS sequence this process has itself applied are
+// compared, so that the watchdog lagging behind the projector (or the other way round) is
+// not taken for a difference, and the sweep needs no quiet moment to run.
 func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
+	applied, err := w.appliedUpTo(ctx)
+	if err != nil {
+		return 0, err
+	}
 	keys, err := w.snapshotKeys(ctx)
 	if err != nil {
 		return 0, err
 	}
-	rows, err := w.pg.Query(ctx, `SELECT sensor_id, last_seen, last_seq FROM sensor_state
+	rows, err := w.pg.Query(ctx, `SELECT sensor_id, partition, last_seen, last_seq FROM sensor_state
 		WHERE connection = 'online' AND partition = ANY($1)`, []int(w.cfg.Owned))
 	if err != nil {
 		return 0, fmt.Errorf("read sensor_state: %w", err)
@@ -67,11 +74,15 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	for rows.Next() {
 		var s suspect
 		var seq int64
-		if err := rows.Scan(&s.sensor, &s.lastSeen, &seq); err != nil {
+		var p int
+		if err := rows.Scan(&s.sensor, &p, &s.lastSeen, &seq); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("read sensor_state: %w", err)
 		}
 		s.lastSeq = uint64(seq)
+		if s.lastSeq > applied[p] {
+			continue // we have not got that far in this partition yet
+		}
 		k, ok := keys[s.sensor]
 		if ok && (k.marker || k.seenUS >= s.lastSeen.UnixMicro()) {
 			continue

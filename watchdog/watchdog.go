@@ -145,7 +145,9 @@ type partState struct {
 	// doneTS is the stored time (unix ns) of the last READINGS message whose refresh is
 	// acknowledged: every reading stored before it has refreshed its key.
 	doneTS atomic.Int64
-	mu     sync.Mutex
+	// doneSeq is the READINGS sequence of that message.
+	doneSeq atomic.Uint64
+	mu      sync.Mutex
 }
 
 type metrics struct {
@@ -231,7 +233,9 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")
 	})
-	g.Go(func() error { return w.every(gctx, w.cfg.SweepEvery, w.sweepIfCaughtUp, "reconciliation sweep") })
+	g.Go(func() error {
+		return w.every(gctx, w.cfg.SweepEvery, func(ctx context.Context) error { _, err := w.Sweep(ctx); return err }, "reconciliation sweep")
+	})
 	err := g.Wait()
 	if ctx.Err() != nil {
 		return nil
@@ -409,6 +413,7 @@ type pending struct {
 	put      *nats.Msg
 	ttl      time.Duration
 	storedNS int64
+	seq      uint64
 }
 
 func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps *partState) error {
@@ -442,7 +447,7 @@ func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps 
 		if err != nil {
 			continue
 		}
-		pd := pending{msg: msg, storedNS: md.Timestamp.UnixNano()}
+		pd := pending{msg: msg, storedNS: md.Timestamp.UnixNano(), seq: md.Sequence.Stream}
 		l, err := event.DecodeLog(msg.Data())
 		switch {
 		case err != nil:
@@ -504,6 +509,7 @@ func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) 
 			w.m.refreshes.Inc()
 		}
 		ps.doneTS.Store(pd.storedNS)
+		ps.doneSeq.Store(pd.seq)
 		last = pd.msg
 		n++
 		if n%512 == 0 || len(in) == 0 {
