@@ -603,9 +603,6 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 	}
 }
 
-// ErrBehind says the pipeline is not caught up.
-var ErrBehind = errors.New("pipeline is behind")
-
 func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
 	behind, err := w.lag(ctx)
 	now := time.Now()
