@@ -555,6 +555,9 @@ func (n *Notifier) finisher() {
 	batch := make([]result, 0, n.opt.Batch)
 	for r := range n.results {
 		batch = append(batch[:0], r)
+		// Wait a moment for more (one transaction per outcome would cost far more than the
+		// wait), but only while results keep coming: a lone outcome is written at once.
+		linger := time.NewTimer(2 * time.Millisecond)
 	more:
 		for len(batch) < 2*n.opt.Batch {
 			select {
@@ -563,10 +566,23 @@ func (n *Notifier) finisher() {
 					break more
 				}
 				batch = append(batch, r)
+				continue
 			default:
+			}
+			if len(batch) == 1 || n.inflight.Load() == 0 {
+				break
+			}
+			select {
+			case r, ok := <-n.results:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			case <-linger.C:
 				break more
 			}
 		}
+		linger.Stop()
 		n.finishBatch(batch)
 	}
 }
@@ -612,6 +628,9 @@ func (n *Notifier) relay(ctx context.Context) {
 				break
 			}
 		}
+		// Records need not be instant: letting them gather for a moment makes each relay
+		// transaction carry many instead of one per finished batch.
+		sleep(ctx, 20*time.Millisecond)
 		select {
 		case <-n.relayWake:
 		case <-t.C:
