@@ -10,7 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
 // TestRetryThenSuccess: a receiver failing twice then succeeding gets the same webhook-id
@@ -457,4 +462,45 @@ func TestTwoNotifiersShareWork(t *testing.T) {
 	t.Logf("%d deliveries for %d keys × %d revisions (the rest superseded); delivered by the first notifier %v, by the second %v",
 		total, clients*sensors, revisions, metricValue(t, &e1, "locks_notifier_attempts_total", "outcome", "delivered"),
 		metricValue(t, e, "locks_notifier_attempts_total", "outcome", "delivered"))
+}
+
+// TestSameEventTwice: an EVENTS message seen twice (a redelivery, or a re-publication past
+// the de-duplication window) makes one delivery per client.
+func TestSameEventTwice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.client("c1", rc.URL)
+	e.sensor("s1", "here")
+	e.subscribe("c1", "s1")
+	e.start(Options{})
+	ev := testEvent("s1", 1, 1)
+	e.publish(ev)
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another Nats-Msg-Id, so JetStream stores it again.
+	if _, err := e.nats.JS.PublishMsg(t.Context(), &nats.Msg{Subject: natsx.EventsSubject(partition.Of("s1", testPartitions), "s1"), Data: b},
+		jetstream.WithMsgID(ev.ID+"-again")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "delivery", func() bool { return rc.count() >= 1 })
+	waitFor(t, 10*time.Second, "both messages consumed", func() bool {
+		for p := 0; p < testPartitions; p++ {
+			c, err := e.nats.JS.Consumer(t.Context(), natsx.EventsStream, fmt.Sprintf("notifier-%d", p))
+			if err != nil {
+				return false
+			}
+			info, err := c.Info(t.Context())
+			if err != nil || info.NumPending > 0 || info.NumAckPending > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(300 * time.Millisecond)
+	if n := rc.count(); n != 1 {
+		t.Fatalf("receiver got %d requests, want 1", n)
+	}
 }
