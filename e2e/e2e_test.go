@@ -188,6 +188,13 @@ func (s *system) publish(msgs ...string) {
 	}
 }
 
+// reading is a sensor's message as sensors send it: with the time it measured, so that two
+// readings of the same value are two readings (without ts or message_id, identical bodies
+// within the de-duplication window are one reading; see README).
+func reading(id string, data int) string {
+	return fmt.Sprintf(`{"sensor_id":%q,"data":%d,"ts":%q}`, id, data, time.Now().UTC().Format(time.RFC3339Nano))
+}
+
 // webhook is one request the receiver got.
 type webhook struct {
 	at        time.Time
@@ -240,7 +247,11 @@ func (r *receiver) wait(t *testing.T, n int, within time.Duration) []webhook {
 			return got
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d webhooks within %s, want %d", len(got), within, n)
+			var seen []string
+			for _, h := range got {
+				seen = append(seen, fmt.Sprintf("%s/%s/r%d", h.payload.Sensor.ID, h.payload.Type, h.payload.Revision))
+			}
+			t.Fatalf("%d webhooks within %s, want %d: %v", len(got), within, n, seen)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -291,11 +302,11 @@ func TestReadingsToWebhooks(t *testing.T) {
 	}
 
 	s.publish(
-		`{"sensor_id":"doorA","data":1}`,
-		`{"sensor_id":"doorA","data":1}`, // a repeat: no event
+		reading("doorA", 1),
+		reading("doorA", 1), // a repeated value: no event
 		`not json`,
 		`{"sensor_id":"doorA","data":0,"ts":"2026-11-22T10:00:00.123Z"}`,
-		`{"sensor_id":"doorB","data":1}`,
+		reading("doorB", 1),
 	)
 	got := rcv.wait(t, 3, 20*time.Second)
 	lastA := time.Now()
@@ -330,14 +341,13 @@ func TestReadingsToWebhooks(t *testing.T) {
 			case <-stop:
 				return
 			case <-tk.C:
-				s.publish(`{"sensor_id":"doorB","data":1}`)
+				s.publish(reading("doorB", 1))
 			}
 		}
 	}()
+	defer func() { close(stop); wg.Wait() }()
 	got = rcv.wait(t, 4, 20*time.Second)
 	lost := got[3]
-	close(stop)
-	wg.Wait()
 	if lost.payload.Type != "sensor.connection_lost" || lost.payload.Sensor.ID != "doorA" || lost.payload.Revision != 3 || *lost.payload.Data != 0 {
 		t.Fatalf("4th webhook %+v, want doorA connection_lost revision 3 data 0", lost.payload)
 	}
@@ -353,7 +363,7 @@ func TestReadingsToWebhooks(t *testing.T) {
 		t.Fatalf("state of doorA: %d %+v", code, st)
 	}
 
-	s.publish(`{"sensor_id":"doorA","data":1}`)
+	s.publish(reading("doorA", 1))
 	got = rcv.wait(t, 6, 20*time.Second)
 	if got[4].payload.Type != "sensor.connection_restored" || got[4].payload.Revision != 4 ||
 		got[5].payload.Type != "sensor.state_changed" || got[5].payload.Revision != 5 || *got[5].payload.PreviousData != 0 {

@@ -33,9 +33,11 @@
 //   - Nothing lost: EVENTS messages are acked after the rows commit; an attempt's outcome
 //     and its record commit together; a crash mid-attempt leaves the lease to expire and the
 //     attempt is made again (at least once: receivers de-duplicate by webhook-id).
-//   - Order and supersede per (client, sensor): a row is claimable only when no row of a
-//     higher revision exists for its key and no other row of the key is in flight. Newer
-//     events mark the waiting older rows superseded at ingest; an older row whose attempt
+//   - Order and supersede per (client, sensor): a row is claimable only when no pending row
+//     of a lower revision exists for its key and no other row of the key is in flight, so a
+//     healthy receiver gets every revision in order. Newer events mark the older rows that
+//     wait for a retry (failed at least once) superseded at ingest, and a failed attempt
+//     of a row that has a newer one is superseded instead of retried; an older row whose attempt
 //     is in flight is flagged (supersede_on_finish) and superseded when that attempt ends
 //     unless it was delivered — flag and outcome are both UPDATEs of the row, so they
 //     serialise on its lock and neither misses the other; a periodic sweep catches rows a

@@ -101,7 +101,8 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	return created, append(recs, more...), err
 }
 
-// supersede marks as superseded the pending rows that have a newer revision, restricted to
+// supersede marks as superseded the pending rows that already failed at least once (they
+// wait for a retry) and have a newer revision, restricted to
 // the given (client, sensor) keys, or everywhere when clients is nil. A row whose attempt is
 // in flight is flagged instead, and superseded when its attempt ends unless delivered. The
 // flag is set by an UPDATE of the row, so it serialises with the finishing UPDATE on the
@@ -110,7 +111,8 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	q := `UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		WHERE d.state = 'pending' AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
+		WHERE d.state = 'pending' AND d.attempts > 0
+		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
 	args := []any{}
 	if clients != nil {
@@ -186,16 +188,17 @@ type claimed struct {
 	subscribed    bool
 }
 
-// claimable is a due, unleased, pending row; unblocked adds that no row of a higher
+// claimable is a due, unleased, pending row; unblocked adds that no pending row of a lower
 // revision exists for its (client, sensor) and no other row of the key is in flight: per
-// key, one attempt at a time, newest only.
+// key, one attempt at a time, in revision order. A healthy receiver thus gets every
+// revision; only rows that already failed are superseded by newer ones (see supersede).
 const (
 	claimable = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now())`
 	// OFFSET 0 keeps this a per-row index probe: as an anti-join the planner would hash the
 	// whole table for every claim.
 	unblocked = `NOT EXISTS (SELECT 1 FROM notifier_deliveries o
 		WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id
-		  AND (o.revision > d.revision OR (o.state = 'pending' AND o.lease_until >= now())) OFFSET 0)`
+		  AND o.state = 'pending' AND (o.revision < d.revision OR o.lease_until >= now()) OFFSET 0)`
 	eligible = claimable + ` AND ` + unblocked
 )
 
