@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -58,7 +58,8 @@ func freeAddr(t *testing.T) string {
 
 // system is one `locks run --targets=all` process on private databases and queues.
 type system struct {
-	t      *testing.T
+	t      testing.TB
+	pgURL  string
 	http   string
 	token  string
 	rabbit *testenv.RabbitEnv
@@ -82,14 +83,15 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func start(t *testing.T, extraEnv ...string) *system {
+func start(t testing.TB, extraEnv ...string) *system {
 	t.Helper()
 	chDB := testenv.Name("locks_e2e")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	s := &system{t: t, http: freeAddr(t), token: "e2e-token-0123456789", rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
+	s := &system{t: t, pgURL: testenv.PostgresURL(t), http: freeAddr(t), token: "e2e-token-0123456789",
+		rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
 	cmd := exec.Command(locksBin, "run", "--targets=all")
 	cmd.Env = append(os.Environ(),
-		"LOCKS_POSTGRES_URL="+testenv.PostgresURL(t),
+		"LOCKS_POSTGRES_URL="+s.pgURL,
 		"LOCKS_CLICKHOUSE_URL=clickhouse://"+testenv.ClickHouseAddr()+"/"+chDB,
 		"LOCKS_AMQP_URL="+s.rabbit.URL,
 		"LOCKS_AMQP_QUEUE="+s.rabbit.Queue,

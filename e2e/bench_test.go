@@ -1,0 +1,111 @@
+package e2e_test
+
+import (
+	"bufio"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	"github.com/lock-sensors/lock-sensors/loadgen"
+)
+
+// metric reads the sum of a counter's series from the process's /metrics.
+func (s *system) metric(name string) float64 {
+	resp, err := http.Get("http://" + s.http + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// BenchmarkEndToEndIngest: the whole system (`locks run --targets=all`, one process, embedded
+// NATS) takes readings from the load generator publishing into RabbitMQ as fast as it can
+// under confirms, for LOCKS_BENCH_E2E_DURATION (default 60 s), all on this machine. Reported:
+// the publish rate, the rate at which readings were committed to the state projection
+// (publish start → last reading committed), their ratio, and the lag from publish to the
+// state projection (sampled every 250 ms as now − the newest committed reading's ts).
+func BenchmarkEndToEndIngest(b *testing.B) {
+	dur := 60 * time.Second
+	if v, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_E2E_DURATION")); err == nil {
+		dur = v
+	}
+	for range b.N {
+		s := start(b)
+		pool, err := pgxpool.New(b.Context(), s.pgURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		b.ResetTimer()
+		type res struct {
+			books loadgen.Books
+			err   error
+		}
+		done := make(chan res, 1)
+		go func() {
+			books, err := loadgen.Run(b.Context(), loadgen.Config{
+				AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: 10_000, Rate: 200_000,
+				ChangeRatio: 0.1, Duration: dur, Prefix: "e2e", Seed: 1,
+			}, nil, testenv.Logger(b))
+			done <- res{books, err}
+		}()
+		var lags []time.Duration
+		var r res
+		published := false
+		deadline := time.Now().Add(dur + 5*time.Minute)
+		for {
+			var newest time.Time
+			if err := pool.QueryRow(b.Context(), "SELECT coalesce(max(last_reading_time), 'epoch') FROM sensor_state").Scan(&newest); err == nil && newest.Unix() > 0 {
+				lags = append(lags, time.Since(newest))
+			}
+			if !published {
+				select {
+				case r = <-done:
+					if r.err != nil {
+						b.Fatal(r.err)
+					}
+					published = true
+				default:
+				}
+			}
+			if published && s.metric("locks_state_applied_total") >= float64(r.books.Published) {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("state projection did not catch up: %v of %d applied", s.metric("locks_state_applied_total"), r.books.Published)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		committed := time.Since(r.books.Start)
+		b.StopTimer()
+		pubRate := float64(r.books.Published) / r.books.End.Sub(r.books.Start).Seconds()
+		stateRate := float64(r.books.Published) / committed.Seconds()
+		slices.Sort(lags)
+		q := func(p float64) float64 { return lags[int(p*float64(len(lags)-1))].Seconds() * 1000 }
+		b.ReportMetric(pubRate, "published/s")
+		b.ReportMetric(stateRate, "readings/s")
+		b.ReportMetric(stateRate/pubRate, "ratio")
+		b.ReportMetric(q(0.5), "p50-lag-ms")
+		b.ReportMetric(q(0.99), "p99-lag-ms")
+		b.ReportMetric(float64(r.books.Published), "readings")
+	}
+}
