@@ -20,6 +20,7 @@ type History interface {
 	Readings(ctx context.Context, sensorID string, q history.Query) (history.ReadingsPage, error)
 	Events(ctx context.Context, sensorID string, q history.Query) (history.EventsPage, error)
 	Deliveries(ctx context.Context, clientID string, q history.Query) (history.DeliveriesPage, error)
+	Stats(ctx context.Context, sensorID string, q history.StatsQuery) ([]history.Interval, error)
 }
 
 // historyService serves the history calls from the history projection; without one
@@ -136,6 +137,13 @@ func (h *historyService) ListClientDeliveries(ctx context.Context, req *locksv1.
 	if err := checkClientID("client_id", req.GetClientId()); err != nil {
 		return nil, err
 	}
+	switch req.GetState() {
+	case "":
+	case stateDead:
+		return h.listDead(ctx, req)
+	default:
+		return nil, fieldErr("state", "must be empty (every attempt) or %q (dead-lettered deliveries), got %q", stateDead, req.GetState())
+	}
 	if h.s.history == nil {
 		return nil, notServed("delivery")
 	}
@@ -152,6 +160,57 @@ func (h *historyService) ListClientDeliveries(ctx context.Context, req *locksv1.
 		out.Deliveries = append(out.Deliveries, &locksv1.Delivery{
 			EventId: d.EventID, SensorId: d.SensorID, Attempt: int32(d.Attempt), Time: ts(d.Time),
 			StatusCode: int32(d.StatusCode), Latency: durationpb.New(d.Latency), Outcome: outcomes[d.Outcome], Error: d.Error,
+		})
+	}
+	return out, nil
+}
+
+func (h *historyService) GetSensorStats(ctx context.Context, req *locksv1.GetSensorStatsRequest) (*locksv1.GetSensorStatsResponse, error) {
+	if err := checkSensorID("sensor_id", req.GetSensorId()); err != nil {
+		return nil, err
+	}
+	var q history.StatsQuery
+	if iv := req.GetInterval(); iv != "" {
+		d, err := time.ParseDuration(iv)
+		if err != nil {
+			return nil, fieldErr("interval", "not a duration such as 1h, 15m or 90s: %q", iv)
+		}
+		if d <= 0 {
+			return nil, fieldErr("interval", "must be positive, got %s", iv)
+		}
+		q.Interval = d
+	}
+	if req.GetStartTime() == nil {
+		return nil, fieldErr("start_time", "required")
+	}
+	for _, t := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+		dst   *time.Time
+	}{{"start_time", req.GetStartTime(), &q.Start}, {"end_time", req.GetEndTime(), &q.End}} {
+		if t.ts == nil {
+			continue
+		}
+		if err := t.ts.CheckValid(); err != nil {
+			return nil, fieldErr(t.field, "not a valid time")
+		}
+		*t.dst = t.ts.AsTime()
+	}
+	if !q.End.IsZero() && !q.End.After(q.Start) {
+		return nil, fieldErr("end_time", "must be after start_time")
+	}
+	if h.s.history == nil {
+		return nil, notServed("statistics")
+	}
+	ivs, err := h.s.history.Stats(ctx, req.GetSensorId(), q)
+	if err != nil {
+		return nil, historyErr(err)
+	}
+	out := &locksv1.GetSensorStatsResponse{Intervals: make([]*locksv1.SensorStatsInterval, 0, len(ivs))}
+	for _, iv := range ivs {
+		out.Intervals = append(out.Intervals, &locksv1.SensorStatsInterval{
+			StartTime: ts(iv.Start), EndTime: ts(iv.End), Readings: iv.Readings, StateChanges: iv.StateChanges,
+			ClosedDuration: durationpb.New(iv.Closed), OpenDuration: durationpb.New(iv.Open), LostDuration: durationpb.New(iv.Lost),
 		})
 	}
 	return out, nil

@@ -31,6 +31,7 @@ const (
 	listSensors
 	listSensorClients
 	listClientSensors
+	listDeadDeliveries
 )
 
 func scopeDigest(scope string) []byte {

@@ -683,19 +683,25 @@ func (x *ListSensorEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
-// ListClientDeliveriesRequest pages through a client's webhook attempts.
+// ListClientDeliveriesRequest pages through a client's webhook attempts, or through its
+// dead-lettered deliveries.
 type ListClientDeliveriesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The client's id.
 	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	// Only attempts at or after this time.
+	// Only attempts at or after this time. Not allowed with state `dead`.
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	// Only attempts before this time.
+	// Only attempts before this time. Not allowed with state `dead`.
 	EndTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
 	// At most this many attempts (default 100, at most 1000).
 	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page; empty for the first page.
-	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Which deliveries: empty (the default) lists every webhook attempt from the history, in
+	// `deliveries`; `dead` lists the deliveries that failed on their last attempt and wait for
+	// a redrive, in `dead_deliveries`, oldest dead-lettered first (NOT_FOUND for an unknown
+	// client). Any other value is INVALID_ARGUMENT.
+	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -765,15 +771,25 @@ func (x *ListClientDeliveriesRequest) GetPageToken() string {
 	return ""
 }
 
-// ListClientDeliveriesResponse is one page of attempts, oldest first.
+func (x *ListClientDeliveriesRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+// ListClientDeliveriesResponse is one page of attempts, or of dead-lettered deliveries,
+// oldest first.
 type ListClientDeliveriesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The attempts of this page.
+	// The attempts of this page (without state).
 	Deliveries []*Delivery `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
 	// Pass it as page_token to get the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The dead-lettered deliveries of this page (state `dead`).
+	DeadDeliveries []*DeadDelivery `protobuf:"bytes,3,rep,name=dead_deliveries,json=deadDeliveries,proto3" json:"dead_deliveries,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ListClientDeliveriesResponse) Reset() {
@@ -818,6 +834,469 @@ func (x *ListClientDeliveriesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListClientDeliveriesResponse) GetDeadDeliveries() []*DeadDelivery {
+	if x != nil {
+		return x.DeadDeliveries
+	}
+	return nil
+}
+
+// DeadDelivery is a delivery that failed on its last attempt: it is not attempted again
+// unless redriven.
+type DeadDelivery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event id (the webhook-id).
+	EventId string `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// The event's sensor.
+	SensorId string `protobuf:"bytes,2,opt,name=sensor_id,json=sensorId,proto3" json:"sensor_id,omitempty"`
+	// The event's revision (the sensor's event counter).
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// How many attempts were made (across redrives).
+	Attempts int32 `protobuf:"varint,4,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// The receiver's HTTP status on the last attempt; 0 when no response came.
+	LastStatusCode int32 `protobuf:"varint,5,opt,name=last_status_code,json=lastStatusCode,proto3" json:"last_status_code,omitempty"`
+	// Why the last attempt failed.
+	LastError string `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// When the delivery was created (the event was consumed).
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When the delivery was dead-lettered.
+	DeadTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=dead_time,json=deadTime,proto3" json:"dead_time,omitempty"`
+	// The event, as its webhook sends it; absent when it cannot be decoded.
+	Event         *SensorEvent `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadDelivery) Reset() {
+	*x = DeadDelivery{}
+	mi := &file_locks_v1_history_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadDelivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadDelivery) ProtoMessage() {}
+
+func (x *DeadDelivery) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_history_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadDelivery.ProtoReflect.Descriptor instead.
+func (*DeadDelivery) Descriptor() ([]byte, []int) {
+	return file_locks_v1_history_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeadDelivery) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *DeadDelivery) GetSensorId() string {
+	if x != nil {
+		return x.SensorId
+	}
+	return ""
+}
+
+func (x *DeadDelivery) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *DeadDelivery) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadDelivery) GetLastStatusCode() int32 {
+	if x != nil {
+		return x.LastStatusCode
+	}
+	return 0
+}
+
+func (x *DeadDelivery) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DeadDelivery) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *DeadDelivery) GetDeadTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeadTime
+	}
+	return nil
+}
+
+func (x *DeadDelivery) GetEvent() *SensorEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+// RedriveClientDeliveriesRequest sends a client's dead-lettered deliveries again.
+type RedriveClientDeliveriesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// Only deliveries dead-lettered at or after this time; absent means no lower bound.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// Only deliveries dead-lettered before this time; absent means no upper bound. Must be
+	// after start_time.
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveClientDeliveriesRequest) Reset() {
+	*x = RedriveClientDeliveriesRequest{}
+	mi := &file_locks_v1_history_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveClientDeliveriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveClientDeliveriesRequest) ProtoMessage() {}
+
+func (x *RedriveClientDeliveriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_history_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveClientDeliveriesRequest.ProtoReflect.Descriptor instead.
+func (*RedriveClientDeliveriesRequest) Descriptor() ([]byte, []int) {
+	return file_locks_v1_history_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RedriveClientDeliveriesRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *RedriveClientDeliveriesRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *RedriveClientDeliveriesRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+// RedriveClientDeliveriesResponse says how many deliveries will be sent again. A dead
+// delivery of a sensor for which the client has had a newer event since is superseded
+// instead (a receiver never gets an older revision after a newer one) and not counted.
+type RedriveClientDeliveriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many dead-lettered deliveries are pending again.
+	Redriven      int32 `protobuf:"varint,1,opt,name=redriven,proto3" json:"redriven,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveClientDeliveriesResponse) Reset() {
+	*x = RedriveClientDeliveriesResponse{}
+	mi := &file_locks_v1_history_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveClientDeliveriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveClientDeliveriesResponse) ProtoMessage() {}
+
+func (x *RedriveClientDeliveriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_history_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveClientDeliveriesResponse.ProtoReflect.Descriptor instead.
+func (*RedriveClientDeliveriesResponse) Descriptor() ([]byte, []int) {
+	return file_locks_v1_history_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RedriveClientDeliveriesResponse) GetRedriven() int32 {
+	if x != nil {
+		return x.Redriven
+	}
+	return 0
+}
+
+// GetSensorStatsRequest asks for a sensor's statistics in a time range.
+type GetSensorStatsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sensor's id.
+	SensorId string `protobuf:"bytes,1,opt,name=sensor_id,json=sensorId,proto3" json:"sensor_id,omitempty"`
+	// The start of the first interval (inclusive). Required.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The end of the last interval (exclusive); absent means now. Must be after start_time.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// The length of an interval as a Go duration (`1h`, `15m`, `90s`; default `1h`): a whole
+	// number of milliseconds, at least 1s. Intervals are aligned on start_time; the last one
+	// ends at end_time. At most 10,000 intervals.
+	Interval      string `protobuf:"bytes,4,opt,name=interval,proto3" json:"interval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSensorStatsRequest) Reset() {
+	*x = GetSensorStatsRequest{}
+	mi := &file_locks_v1_history_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSensorStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSensorStatsRequest) ProtoMessage() {}
+
+func (x *GetSensorStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_history_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSensorStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetSensorStatsRequest) Descriptor() ([]byte, []int) {
+	return file_locks_v1_history_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GetSensorStatsRequest) GetSensorId() string {
+	if x != nil {
+		return x.SensorId
+	}
+	return ""
+}
+
+func (x *GetSensorStatsRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *GetSensorStatsRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *GetSensorStatsRequest) GetInterval() string {
+	if x != nil {
+		return x.Interval
+	}
+	return ""
+}
+
+// SensorStatsInterval holds one interval's statistics. closed, open and lost split the
+// interval by the sensor's state as its events tell it: lost while the connection is lost,
+// else closed or open by the last data. Time before the sensor's first event, and time after
+// now, is in none of them, so their sum is at most end_time - start_time.
+type SensorStatsInterval struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The interval's start (inclusive).
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// The interval's end (exclusive).
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// The readings whose time is in the interval.
+	Readings int64 `protobuf:"varint,3,opt,name=readings,proto3" json:"readings,omitempty"`
+	// The state_changed events in the interval.
+	StateChanges int64 `protobuf:"varint,4,opt,name=state_changes,json=stateChanges,proto3" json:"state_changes,omitempty"`
+	// Time closed (data 1) with the connection up.
+	ClosedDuration *durationpb.Duration `protobuf:"bytes,5,opt,name=closed_duration,json=closedDuration,proto3" json:"closed_duration,omitempty"`
+	// Time open (data 0) with the connection up.
+	OpenDuration *durationpb.Duration `protobuf:"bytes,6,opt,name=open_duration,json=openDuration,proto3" json:"open_duration,omitempty"`
+	// Time with the connection lost.
+	LostDuration  *durationpb.Duration `protobuf:"bytes,7,opt,name=lost_duration,json=lostDuration,proto3" json:"lost_duration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SensorStatsInterval) Reset() {
+	*x = SensorStatsInterval{}
+	mi := &file_locks_v1_history_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SensorStatsInterval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SensorStatsInterval) ProtoMessage() {}
+
+func (x *SensorStatsInterval) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_history_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SensorStatsInterval.ProtoReflect.Descriptor instead.
+func (*SensorStatsInterval) Descriptor() ([]byte, []int) {
+	return file_locks_v1_history_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SensorStatsInterval) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *SensorStatsInterval) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *SensorStatsInterval) GetReadings() int64 {
+	if x != nil {
+		return x.Readings
+	}
+	return 0
+}
+
+func (x *SensorStatsInterval) GetStateChanges() int64 {
+	if x != nil {
+		return x.StateChanges
+	}
+	return 0
+}
+
+func (x *SensorStatsInterval) GetClosedDuration() *durationpb.Duration {
+	if x != nil {
+		return x.ClosedDuration
+	}
+	return nil
+}
+
+func (x *SensorStatsInterval) GetOpenDuration() *durationpb.Duration {
+	if x != nil {
+		return x.OpenDuration
+	}
+	return nil
+}
+
+func (x *SensorStatsInterval) GetLostDuration() *durationpb.Duration {
+	if x != nil {
+		return x.LostDuration
+	}
+	return nil
+}
+
+// GetSensorStatsResponse holds the intervals, oldest first.
+type GetSensorStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per interval, empty ones included.
+	Intervals     []*SensorStatsInterval `protobuf:"bytes,1,rep,name=intervals,proto3" json:"intervals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSensorStatsResponse) Reset() {
+	*x = GetSensorStatsResponse{}
+	mi := &file_locks_v1_history_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSensorStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSensorStatsResponse) ProtoMessage() {}
+
+func (x *GetSensorStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_history_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSensorStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetSensorStatsResponse) Descriptor() ([]byte, []int) {
+	return file_locks_v1_history_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetSensorStatsResponse) GetIntervals() []*SensorStatsInterval {
+	if x != nil {
+		return x.Intervals
+	}
+	return nil
 }
 
 var File_locks_v1_history_proto protoreflect.FileDescriptor
@@ -868,7 +1347,7 @@ const file_locks_v1_history_proto_rawDesc = "" +
 	"page_token\x18\x05 \x01(\tR\tpageToken\"q\n" +
 	"\x18ListSensorEventsResponse\x12-\n" +
 	"\x06events\x18\x01 \x03(\v2\x15.locks.v1.SensorEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe8\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xfe\x01\n" +
 	"\x1bListClientDeliveriesRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x129\n" +
 	"\n" +
@@ -876,12 +1355,50 @@ const file_locks_v1_history_proto_rawDesc = "" +
 	"\bend_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\"z\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\"\xbb\x01\n" +
 	"\x1cListClientDeliveriesResponse\x122\n" +
 	"\n" +
 	"deliveries\x18\x01 \x03(\v2\x12.locks.v1.DeliveryR\n" +
 	"deliveries\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\x89\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12?\n" +
+	"\x0fdead_deliveries\x18\x03 \x03(\v2\x16.locks.v1.DeadDeliveryR\x0edeadDeliveries\"\xea\x02\n" +
+	"\fDeadDelivery\x12\x19\n" +
+	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12\x1b\n" +
+	"\tsensor_id\x18\x02 \x01(\tR\bsensorId\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x1a\n" +
+	"\battempts\x18\x04 \x01(\x05R\battempts\x12(\n" +
+	"\x10last_status_code\x18\x05 \x01(\x05R\x0elastStatusCode\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\x12;\n" +
+	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x127\n" +
+	"\tdead_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadTime\x12+\n" +
+	"\x05event\x18\t \x01(\v2\x15.locks.v1.SensorEventR\x05event\"\xaf\x01\n" +
+	"\x1eRedriveClientDeliveriesRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x129\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"=\n" +
+	"\x1fRedriveClientDeliveriesResponse\x12\x1a\n" +
+	"\bredriven\x18\x01 \x01(\x05R\bredriven\"\xc2\x01\n" +
+	"\x15GetSensorStatsRequest\x12\x1b\n" +
+	"\tsensor_id\x18\x01 \x01(\tR\bsensorId\x129\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1a\n" +
+	"\binterval\x18\x04 \x01(\tR\binterval\"\x8c\x03\n" +
+	"\x13SensorStatsInterval\x129\n" +
+	"\n" +
+	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1a\n" +
+	"\breadings\x18\x03 \x01(\x03R\breadings\x12#\n" +
+	"\rstate_changes\x18\x04 \x01(\x03R\fstateChanges\x12B\n" +
+	"\x0fclosed_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x0eclosedDuration\x12>\n" +
+	"\ropen_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\fopenDuration\x12>\n" +
+	"\rlost_duration\x18\a \x01(\v2\x19.google.protobuf.DurationR\flostDuration\"U\n" +
+	"\x16GetSensorStatsResponse\x12;\n" +
+	"\tintervals\x18\x01 \x03(\v2\x1d.locks.v1.SensorStatsIntervalR\tintervals*\x89\x01\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18EVENT_TYPE_STATE_CHANGED\x10\x01\x12\x1e\n" +
@@ -893,11 +1410,13 @@ const file_locks_v1_history_proto_rawDesc = "" +
 	"\x16DELIVERY_OUTCOME_RETRY\x10\x02\x12\x19\n" +
 	"\x15DELIVERY_OUTCOME_DEAD\x10\x03\x12\x1e\n" +
 	"\x1aDELIVERY_OUTCOME_CANCELLED\x10\x04\x12\x1f\n" +
-	"\x1bDELIVERY_OUTCOME_SUPERSEDED\x10\x052\xb3\x02\n" +
+	"\x1bDELIVERY_OUTCOME_SUPERSEDED\x10\x052\xf8\x03\n" +
 	"\x0eHistoryService\x12_\n" +
 	"\x12ListSensorReadings\x12#.locks.v1.ListSensorReadingsRequest\x1a$.locks.v1.ListSensorReadingsResponse\x12Y\n" +
 	"\x10ListSensorEvents\x12!.locks.v1.ListSensorEventsRequest\x1a\".locks.v1.ListSensorEventsResponse\x12e\n" +
-	"\x14ListClientDeliveries\x12%.locks.v1.ListClientDeliveriesRequest\x1a&.locks.v1.ListClientDeliveriesResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
+	"\x14ListClientDeliveries\x12%.locks.v1.ListClientDeliveriesRequest\x1a&.locks.v1.ListClientDeliveriesResponse\x12n\n" +
+	"\x17RedriveClientDeliveries\x12(.locks.v1.RedriveClientDeliveriesRequest\x1a).locks.v1.RedriveClientDeliveriesResponse\x12S\n" +
+	"\x0eGetSensorStats\x12\x1f.locks.v1.GetSensorStatsRequest\x1a .locks.v1.GetSensorStatsResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
 
 var (
 	file_locks_v1_history_proto_rawDescOnce sync.Once
@@ -912,50 +1431,74 @@ func file_locks_v1_history_proto_rawDescGZIP() []byte {
 }
 
 var file_locks_v1_history_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_locks_v1_history_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_locks_v1_history_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_locks_v1_history_proto_goTypes = []any{
-	(EventType)(0),                       // 0: locks.v1.EventType
-	(DeliveryOutcome)(0),                 // 1: locks.v1.DeliveryOutcome
-	(*Reading)(nil),                      // 2: locks.v1.Reading
-	(*SensorEvent)(nil),                  // 3: locks.v1.SensorEvent
-	(*Delivery)(nil),                     // 4: locks.v1.Delivery
-	(*ListSensorReadingsRequest)(nil),    // 5: locks.v1.ListSensorReadingsRequest
-	(*ListSensorReadingsResponse)(nil),   // 6: locks.v1.ListSensorReadingsResponse
-	(*ListSensorEventsRequest)(nil),      // 7: locks.v1.ListSensorEventsRequest
-	(*ListSensorEventsResponse)(nil),     // 8: locks.v1.ListSensorEventsResponse
-	(*ListClientDeliveriesRequest)(nil),  // 9: locks.v1.ListClientDeliveriesRequest
-	(*ListClientDeliveriesResponse)(nil), // 10: locks.v1.ListClientDeliveriesResponse
-	(*timestamppb.Timestamp)(nil),        // 11: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 12: google.protobuf.Duration
+	(EventType)(0),                          // 0: locks.v1.EventType
+	(DeliveryOutcome)(0),                    // 1: locks.v1.DeliveryOutcome
+	(*Reading)(nil),                         // 2: locks.v1.Reading
+	(*SensorEvent)(nil),                     // 3: locks.v1.SensorEvent
+	(*Delivery)(nil),                        // 4: locks.v1.Delivery
+	(*ListSensorReadingsRequest)(nil),       // 5: locks.v1.ListSensorReadingsRequest
+	(*ListSensorReadingsResponse)(nil),      // 6: locks.v1.ListSensorReadingsResponse
+	(*ListSensorEventsRequest)(nil),         // 7: locks.v1.ListSensorEventsRequest
+	(*ListSensorEventsResponse)(nil),        // 8: locks.v1.ListSensorEventsResponse
+	(*ListClientDeliveriesRequest)(nil),     // 9: locks.v1.ListClientDeliveriesRequest
+	(*ListClientDeliveriesResponse)(nil),    // 10: locks.v1.ListClientDeliveriesResponse
+	(*DeadDelivery)(nil),                    // 11: locks.v1.DeadDelivery
+	(*RedriveClientDeliveriesRequest)(nil),  // 12: locks.v1.RedriveClientDeliveriesRequest
+	(*RedriveClientDeliveriesResponse)(nil), // 13: locks.v1.RedriveClientDeliveriesResponse
+	(*GetSensorStatsRequest)(nil),           // 14: locks.v1.GetSensorStatsRequest
+	(*SensorStatsInterval)(nil),             // 15: locks.v1.SensorStatsInterval
+	(*GetSensorStatsResponse)(nil),          // 16: locks.v1.GetSensorStatsResponse
+	(*timestamppb.Timestamp)(nil),           // 17: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),             // 18: google.protobuf.Duration
 }
 var file_locks_v1_history_proto_depIdxs = []int32{
-	11, // 0: locks.v1.Reading.time:type_name -> google.protobuf.Timestamp
-	11, // 1: locks.v1.Reading.received_time:type_name -> google.protobuf.Timestamp
+	17, // 0: locks.v1.Reading.time:type_name -> google.protobuf.Timestamp
+	17, // 1: locks.v1.Reading.received_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: locks.v1.SensorEvent.type:type_name -> locks.v1.EventType
-	11, // 3: locks.v1.SensorEvent.time:type_name -> google.protobuf.Timestamp
-	11, // 4: locks.v1.Delivery.time:type_name -> google.protobuf.Timestamp
-	12, // 5: locks.v1.Delivery.latency:type_name -> google.protobuf.Duration
+	17, // 3: locks.v1.SensorEvent.time:type_name -> google.protobuf.Timestamp
+	17, // 4: locks.v1.Delivery.time:type_name -> google.protobuf.Timestamp
+	18, // 5: locks.v1.Delivery.latency:type_name -> google.protobuf.Duration
 	1,  // 6: locks.v1.Delivery.outcome:type_name -> locks.v1.DeliveryOutcome
-	11, // 7: locks.v1.ListSensorReadingsRequest.start_time:type_name -> google.protobuf.Timestamp
-	11, // 8: locks.v1.ListSensorReadingsRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 7: locks.v1.ListSensorReadingsRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 8: locks.v1.ListSensorReadingsRequest.end_time:type_name -> google.protobuf.Timestamp
 	2,  // 9: locks.v1.ListSensorReadingsResponse.readings:type_name -> locks.v1.Reading
-	11, // 10: locks.v1.ListSensorEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	11, // 11: locks.v1.ListSensorEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 10: locks.v1.ListSensorEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 11: locks.v1.ListSensorEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	3,  // 12: locks.v1.ListSensorEventsResponse.events:type_name -> locks.v1.SensorEvent
-	11, // 13: locks.v1.ListClientDeliveriesRequest.start_time:type_name -> google.protobuf.Timestamp
-	11, // 14: locks.v1.ListClientDeliveriesRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 13: locks.v1.ListClientDeliveriesRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 14: locks.v1.ListClientDeliveriesRequest.end_time:type_name -> google.protobuf.Timestamp
 	4,  // 15: locks.v1.ListClientDeliveriesResponse.deliveries:type_name -> locks.v1.Delivery
-	5,  // 16: locks.v1.HistoryService.ListSensorReadings:input_type -> locks.v1.ListSensorReadingsRequest
-	7,  // 17: locks.v1.HistoryService.ListSensorEvents:input_type -> locks.v1.ListSensorEventsRequest
-	9,  // 18: locks.v1.HistoryService.ListClientDeliveries:input_type -> locks.v1.ListClientDeliveriesRequest
-	6,  // 19: locks.v1.HistoryService.ListSensorReadings:output_type -> locks.v1.ListSensorReadingsResponse
-	8,  // 20: locks.v1.HistoryService.ListSensorEvents:output_type -> locks.v1.ListSensorEventsResponse
-	10, // 21: locks.v1.HistoryService.ListClientDeliveries:output_type -> locks.v1.ListClientDeliveriesResponse
-	19, // [19:22] is the sub-list for method output_type
-	16, // [16:19] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	11, // 16: locks.v1.ListClientDeliveriesResponse.dead_deliveries:type_name -> locks.v1.DeadDelivery
+	17, // 17: locks.v1.DeadDelivery.create_time:type_name -> google.protobuf.Timestamp
+	17, // 18: locks.v1.DeadDelivery.dead_time:type_name -> google.protobuf.Timestamp
+	3,  // 19: locks.v1.DeadDelivery.event:type_name -> locks.v1.SensorEvent
+	17, // 20: locks.v1.RedriveClientDeliveriesRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 21: locks.v1.RedriveClientDeliveriesRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 22: locks.v1.GetSensorStatsRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 23: locks.v1.GetSensorStatsRequest.end_time:type_name -> google.protobuf.Timestamp
+	17, // 24: locks.v1.SensorStatsInterval.start_time:type_name -> google.protobuf.Timestamp
+	17, // 25: locks.v1.SensorStatsInterval.end_time:type_name -> google.protobuf.Timestamp
+	18, // 26: locks.v1.SensorStatsInterval.closed_duration:type_name -> google.protobuf.Duration
+	18, // 27: locks.v1.SensorStatsInterval.open_duration:type_name -> google.protobuf.Duration
+	18, // 28: locks.v1.SensorStatsInterval.lost_duration:type_name -> google.protobuf.Duration
+	15, // 29: locks.v1.GetSensorStatsResponse.intervals:type_name -> locks.v1.SensorStatsInterval
+	5,  // 30: locks.v1.HistoryService.ListSensorReadings:input_type -> locks.v1.ListSensorReadingsRequest
+	7,  // 31: locks.v1.HistoryService.ListSensorEvents:input_type -> locks.v1.ListSensorEventsRequest
+	9,  // 32: locks.v1.HistoryService.ListClientDeliveries:input_type -> locks.v1.ListClientDeliveriesRequest
+	12, // 33: locks.v1.HistoryService.RedriveClientDeliveries:input_type -> locks.v1.RedriveClientDeliveriesRequest
+	14, // 34: locks.v1.HistoryService.GetSensorStats:input_type -> locks.v1.GetSensorStatsRequest
+	6,  // 35: locks.v1.HistoryService.ListSensorReadings:output_type -> locks.v1.ListSensorReadingsResponse
+	8,  // 36: locks.v1.HistoryService.ListSensorEvents:output_type -> locks.v1.ListSensorEventsResponse
+	10, // 37: locks.v1.HistoryService.ListClientDeliveries:output_type -> locks.v1.ListClientDeliveriesResponse
+	13, // 38: locks.v1.HistoryService.RedriveClientDeliveries:output_type -> locks.v1.RedriveClientDeliveriesResponse
+	16, // 39: locks.v1.HistoryService.GetSensorStats:output_type -> locks.v1.GetSensorStatsResponse
+	35, // [35:40] is the sub-list for method output_type
+	30, // [30:35] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_locks_v1_history_proto_init() }
@@ -970,7 +1513,7 @@ func file_locks_v1_history_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_locks_v1_history_proto_rawDesc), len(file_locks_v1_history_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

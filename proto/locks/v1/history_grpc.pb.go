@@ -19,25 +19,34 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	HistoryService_ListSensorReadings_FullMethodName   = "/locks.v1.HistoryService/ListSensorReadings"
-	HistoryService_ListSensorEvents_FullMethodName     = "/locks.v1.HistoryService/ListSensorEvents"
-	HistoryService_ListClientDeliveries_FullMethodName = "/locks.v1.HistoryService/ListClientDeliveries"
+	HistoryService_ListSensorReadings_FullMethodName      = "/locks.v1.HistoryService/ListSensorReadings"
+	HistoryService_ListSensorEvents_FullMethodName        = "/locks.v1.HistoryService/ListSensorEvents"
+	HistoryService_ListClientDeliveries_FullMethodName    = "/locks.v1.HistoryService/ListClientDeliveries"
+	HistoryService_RedriveClientDeliveries_FullMethodName = "/locks.v1.HistoryService/RedriveClientDeliveries"
+	HistoryService_GetSensorStats_FullMethodName          = "/locks.v1.HistoryService/GetSensorStats"
 )
 
 // HistoryServiceClient is the client API for HistoryService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// HistoryService reads the kept history: readings and events of a sensor, webhook attempts
-// of a client. Lists are oldest first; start_time (inclusive) and end_time (exclusive)
-// filter on the time of the reading, event or attempt.
+// HistoryService reads the kept history: readings, events and statistics of a sensor,
+// webhook attempts and dead-lettered deliveries of a client; and sends a client's
+// dead-lettered deliveries again. Lists are oldest first; start_time (inclusive) and
+// end_time (exclusive) filter on the time of the reading, event or attempt.
 type HistoryServiceClient interface {
 	// Lists a sensor's readings.
 	ListSensorReadings(ctx context.Context, in *ListSensorReadingsRequest, opts ...grpc.CallOption) (*ListSensorReadingsResponse, error)
 	// Lists a sensor's events: state changes, connection lost and restored.
 	ListSensorEvents(ctx context.Context, in *ListSensorEventsRequest, opts ...grpc.CallOption) (*ListSensorEventsResponse, error)
-	// Lists a client's webhook attempts.
+	// Lists a client's webhook attempts, or with state `dead` its dead-lettered deliveries.
 	ListClientDeliveries(ctx context.Context, in *ListClientDeliveriesRequest, opts ...grpc.CallOption) (*ListClientDeliveriesResponse, error)
+	// Sends a client's dead-lettered deliveries again (all of them, or those that died in a
+	// time window), each with a fresh schedule of attempts. NOT_FOUND (404) for an unknown client.
+	RedriveClientDeliveries(ctx context.Context, in *RedriveClientDeliveriesRequest, opts ...grpc.CallOption) (*RedriveClientDeliveriesResponse, error)
+	// Returns a sensor's statistics per interval: readings, state changes, and the time spent
+	// closed, open and with the connection lost.
+	GetSensorStats(ctx context.Context, in *GetSensorStatsRequest, opts ...grpc.CallOption) (*GetSensorStatsResponse, error)
 }
 
 type historyServiceClient struct {
@@ -78,20 +87,47 @@ func (c *historyServiceClient) ListClientDeliveries(ctx context.Context, in *Lis
 	return out, nil
 }
 
+func (c *historyServiceClient) RedriveClientDeliveries(ctx context.Context, in *RedriveClientDeliveriesRequest, opts ...grpc.CallOption) (*RedriveClientDeliveriesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RedriveClientDeliveriesResponse)
+	err := c.cc.Invoke(ctx, HistoryService_RedriveClientDeliveries_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *historyServiceClient) GetSensorStats(ctx context.Context, in *GetSensorStatsRequest, opts ...grpc.CallOption) (*GetSensorStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSensorStatsResponse)
+	err := c.cc.Invoke(ctx, HistoryService_GetSensorStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HistoryServiceServer is the server API for HistoryService service.
 // All implementations must embed UnimplementedHistoryServiceServer
 // for forward compatibility.
 //
-// HistoryService reads the kept history: readings and events of a sensor, webhook attempts
-// of a client. Lists are oldest first; start_time (inclusive) and end_time (exclusive)
-// filter on the time of the reading, event or attempt.
+// HistoryService reads the kept history: readings, events and statistics of a sensor,
+// webhook attempts and dead-lettered deliveries of a client; and sends a client's
+// dead-lettered deliveries again. Lists are oldest first; start_time (inclusive) and
+// end_time (exclusive) filter on the time of the reading, event or attempt.
 type HistoryServiceServer interface {
 	// Lists a sensor's readings.
 	ListSensorReadings(context.Context, *ListSensorReadingsRequest) (*ListSensorReadingsResponse, error)
 	// Lists a sensor's events: state changes, connection lost and restored.
 	ListSensorEvents(context.Context, *ListSensorEventsRequest) (*ListSensorEventsResponse, error)
-	// Lists a client's webhook attempts.
+	// Lists a client's webhook attempts, or with state `dead` its dead-lettered deliveries.
 	ListClientDeliveries(context.Context, *ListClientDeliveriesRequest) (*ListClientDeliveriesResponse, error)
+	// Sends a client's dead-lettered deliveries again (all of them, or those that died in a
+	// time window), each with a fresh schedule of attempts. NOT_FOUND (404) for an unknown client.
+	RedriveClientDeliveries(context.Context, *RedriveClientDeliveriesRequest) (*RedriveClientDeliveriesResponse, error)
+	// Returns a sensor's statistics per interval: readings, state changes, and the time spent
+	// closed, open and with the connection lost.
+	GetSensorStats(context.Context, *GetSensorStatsRequest) (*GetSensorStatsResponse, error)
 	mustEmbedUnimplementedHistoryServiceServer()
 }
 
@@ -110,6 +146,12 @@ func (UnimplementedHistoryServiceServer) ListSensorEvents(context.Context, *List
 }
 func (UnimplementedHistoryServiceServer) ListClientDeliveries(context.Context, *ListClientDeliveriesRequest) (*ListClientDeliveriesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListClientDeliveries not implemented")
+}
+func (UnimplementedHistoryServiceServer) RedriveClientDeliveries(context.Context, *RedriveClientDeliveriesRequest) (*RedriveClientDeliveriesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RedriveClientDeliveries not implemented")
+}
+func (UnimplementedHistoryServiceServer) GetSensorStats(context.Context, *GetSensorStatsRequest) (*GetSensorStatsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSensorStats not implemented")
 }
 func (UnimplementedHistoryServiceServer) mustEmbedUnimplementedHistoryServiceServer() {}
 func (UnimplementedHistoryServiceServer) testEmbeddedByValue()                        {}
@@ -186,6 +228,42 @@ func _HistoryService_ListClientDeliveries_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HistoryService_RedriveClientDeliveries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RedriveClientDeliveriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HistoryServiceServer).RedriveClientDeliveries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HistoryService_RedriveClientDeliveries_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HistoryServiceServer).RedriveClientDeliveries(ctx, req.(*RedriveClientDeliveriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _HistoryService_GetSensorStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSensorStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HistoryServiceServer).GetSensorStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HistoryService_GetSensorStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HistoryServiceServer).GetSensorStats(ctx, req.(*GetSensorStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HistoryService_ServiceDesc is the grpc.ServiceDesc for HistoryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -204,6 +282,14 @@ var HistoryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListClientDeliveries",
 			Handler:    _HistoryService_ListClientDeliveries_Handler,
+		},
+		{
+			MethodName: "RedriveClientDeliveries",
+			Handler:    _HistoryService_RedriveClientDeliveries_Handler,
+		},
+		{
+			MethodName: "GetSensorStats",
+			Handler:    _HistoryService_GetSensorStats_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,121 @@
+package api
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/lock-sensors/lock-sensors/notifier"
+	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
+)
+
+// stateDead is the state filter of ListClientDeliveries that lists dead-lettered deliveries.
+const stateDead = "dead"
+
+// The dead-letter list and redrive read and change the notifier's delivery table in
+// Postgres directly (notifier.ListDead and notifier.Redrive), so they are served without the
+// history database. Unlike the history lists they answer NOT_FOUND for an unknown client:
+// they act on what the client has now, not on what is kept of it.
+
+// clientExists fails with a NotFoundError unless the client is registered.
+func (h *historyService) clientExists(ctx context.Context, id string) error {
+	_, err := (&clientService{s: h.s}).get(ctx, h.s.db, id, false)
+	return err
+}
+
+// listDead pages through a client's dead deliveries by their row id (the token's key).
+func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDeliveriesRequest) (*locksv1.ListClientDeliveriesResponse, error) {
+	if req.GetStartTime() != nil {
+		return nil, fieldErr("start_time", "not supported with state=%s", stateDead)
+	}
+	if req.GetEndTime() != nil {
+		return nil, fieldErr("end_time", "not supported with state=%s", stateDead)
+	}
+	n, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	key, err := decodePageToken(req.GetPageToken(), listDeadDeliveries, req.GetClientId())
+	if err != nil {
+		return nil, err
+	}
+	var after int64
+	if key != "" {
+		if after, err = strconv.ParseInt(key, 10, 64); err != nil || after < 0 {
+			return nil, fieldErr("page_token", "not a page token of this list")
+		}
+	}
+	if err := h.clientExists(ctx, req.GetClientId()); err != nil {
+		return nil, err
+	}
+	dead, err := notifier.ListDead(ctx, h.s.db, req.GetClientId(), after, n)
+	if err != nil {
+		return nil, err
+	}
+	out := &locksv1.ListClientDeliveriesResponse{Deliveries: []*locksv1.Delivery{}, DeadDeliveries: make([]*locksv1.DeadDelivery, 0, len(dead))}
+	for _, d := range dead {
+		dd := &locksv1.DeadDelivery{
+			EventId: d.EventID, SensorId: d.SensorID, Revision: d.Revision, Attempts: int32(d.Attempts),
+			LastStatusCode: int32(d.LastStatus), LastError: d.LastError, CreateTime: ts(d.CreatedAt), DeadTime: ts(d.DeadAt),
+		}
+		if e := d.Event; e.ID != "" {
+			ev := &locksv1.SensorEvent{Id: e.ID, Type: eventTypes[e.Type], Time: ts(e.OccurredAt), Data: int32(e.Data), Revision: e.Revision}
+			if e.PreviousData != nil {
+				p := int32(*e.PreviousData)
+				ev.PreviousData = &p
+			}
+			dd.Event = ev
+		}
+		out.DeadDeliveries = append(out.DeadDeliveries, dd)
+	}
+	// ListDead takes at most 1000, the largest page, so one more row cannot be asked for
+	// with the page: a full page looks one row further to know whether another follows.
+	if len(dead) == n {
+		last := dead[n-1].ID
+		more, err := notifier.ListDead(ctx, h.s.db, req.GetClientId(), last, 1)
+		if err != nil {
+			return nil, err
+		}
+		if len(more) > 0 {
+			out.NextPageToken = encodePageToken(listDeadDeliveries, req.GetClientId(), strconv.FormatInt(last, 10))
+		}
+	}
+	return out, nil
+}
+
+func (h *historyService) RedriveClientDeliveries(ctx context.Context, req *locksv1.RedriveClientDeliveriesRequest) (*locksv1.RedriveClientDeliveriesResponse, error) {
+	if err := checkClientID("client_id", req.GetClientId()); err != nil {
+		return nil, err
+	}
+	var from, to time.Time
+	for _, t := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+		dst   *time.Time
+	}{{"start_time", req.GetStartTime(), &from}, {"end_time", req.GetEndTime(), &to}} {
+		if t.ts == nil {
+			continue
+		}
+		if err := t.ts.CheckValid(); err != nil {
+			return nil, fieldErr(t.field, "not a valid time")
+		}
+		*t.dst = t.ts.AsTime()
+	}
+	if !from.IsZero() && !to.IsZero() && !to.After(from) {
+		return nil, fieldErr("end_time", "must be after start_time (%s), got %s",
+			from.UTC().Format(time.RFC3339Nano), to.UTC().Format(time.RFC3339Nano))
+	}
+	if err := h.clientExists(ctx, req.GetClientId()); err != nil {
+		return nil, err
+	}
+	n, err := notifier.Redrive(ctx, h.s.db, req.GetClientId(), from, to)
+	if err != nil {
+		return nil, err
+	}
+	h.s.log.Info("dead deliveries redriven", "client_id", req.GetClientId(), "redriven", n,
+		"start_time", from, "end_time", to)
+	return &locksv1.RedriveClientDeliveriesResponse{Redriven: int32(min(n, math.MaxInt32))}, nil
+}
