@@ -136,7 +136,7 @@ func TestSensorStatsGRPC(t *testing.T) {
 		t.Fatalf("stats: %v %v", st, err)
 	}
 	for i, w := range []struct {
-		readings, changes   int64
+		readings, changes  int64
 		closed, open, lost time.Duration
 	}{
 		{1, 1, 30 * time.Minute, 0, 0},
