@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -226,6 +227,45 @@ type item struct {
 	pubErr  error
 	confirm *amqp.DeferredConfirmation
 	reason  string
+	// done is closed once the acker has resolved a reading's append (or given up on it).
+	done chan struct{}
+}
+
+// order keeps a sensor's readings in order in READINGS: a reading is appended only after
+// the previous in-flight reading of the same sensor is durable. Without it, a failed append
+// retried by the acker could land after a later reading of the same sensor that went
+// through (per-sensor order is invariant 4). Different sensors still go in parallel.
+type order struct {
+	last   map[string]chan struct{}
+	failed *atomic.Bool // the session failed: append nothing more, RabbitMQ will redeliver
+	n      int
+}
+
+// wait blocks until sensor's previous reading is resolved; false means do not append.
+func (o *order) wait(ctx context.Context, sensor string) bool {
+	if prev, ok := o.last[sensor]; ok {
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return !o.failed.Load()
+}
+
+// track records done as sensor's latest in-flight reading, dropping resolved entries now
+// and then so that the map holds about the in-flight window, not every sensor ever seen.
+func (o *order) track(sensor string, done chan struct{}) {
+	o.last[sensor] = done
+	if o.n++; o.n%4096 == 0 {
+		for k, ch := range o.last {
+			select {
+			case <-ch:
+				delete(o.last, k)
+			default:
+			}
+		}
+	}
 }
 
 func (b *Bridge) dial(name string) (*amqp.Connection, error) {
@@ -300,8 +340,10 @@ func (b *Bridge) session(ctx context.Context) error {
 		failOnce sync.Once
 		failErr  error
 	)
+	ord := &order{last: map[string]chan struct{}{}, failed: &atomic.Bool{}}
 	fail := func(err error) {
 		failOnce.Do(func() {
+			ord.failed.Store(true)
 			failErr = err
 			_ = conn.Close() // unacked messages go back to the queue
 			_ = pubConn.Close()
@@ -336,7 +378,7 @@ read:
 				readErr = errors.New("RabbitMQ channel closed")
 				break read
 			}
-			it := b.handle(ctx, pub, d)
+			it := b.handle(ctx, pub, d, ord)
 			b.m.inFlight.Inc()
 			pending <- it // bounded: blocks while MaxInFlight messages await their ack
 		}
@@ -374,7 +416,7 @@ func declareQueue(conn *amqp.Connection, q string) error {
 
 // handle starts the work on one delivery: an async append, or a confirmed publish to the
 // invalid queue. It never blocks on the result.
-func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery) item {
+func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery, ord *order) item {
 	now := time.Now().UTC()
 	it := item{tag: d.DeliveryTag, start: now}
 	r, err := Decode(d.Body, now)
@@ -414,6 +456,14 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery)
 	}
 	msg := &nats.Msg{Subject: natsx.ReadingsSubject(r.SensorID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, id)
+	it.done = make(chan struct{})
+	if !ord.wait(ctx, r.SensorID) {
+		// Not appended and never acked: RabbitMQ redelivers it, in order, to the next session.
+		it.pubErr = errors.New("session ended before the previous reading of the sensor was stored")
+		close(it.done)
+		return it
+	}
+	ord.track(r.SensorID, it.done)
 	it.msg = msg
 	it.future, it.pubErr = b.js.PublishMsgAsync(msg)
 	return it
@@ -453,12 +503,21 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan ite
 		}
 		b.m.inFlight.Dec()
 		if failed {
+			if it.done != nil {
+				close(it.done)
+			}
 			continue
 		}
-		if err := b.resolve(ctx, it, returns, flush); err != nil {
+		err := b.resolve(ctx, it, returns, flush)
+		if err != nil {
 			flush() // what came before is done: ack it
 			failed = true
-			fail(err)
+			fail(err) // before done is closed: the reader must see the failure first
+		}
+		if it.done != nil {
+			close(it.done)
+		}
+		if err != nil {
 			continue
 		}
 		lastTag = it.tag
@@ -540,8 +599,8 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 }
 
 // republish retries a failed append with the same Nats-Msg-Id until JetStream acks it or
-// ctx ends. A retry may land after later messages of the pipeline: a NATS failure can
-// reorder a sensor's readings within the in-flight window (their times still say the order).
+// ctx ends. Later readings of the same sensor wait for it (see order), so a retry never
+// lands after them; other sensors' readings go on.
 func (b *Bridge) republish(ctx context.Context, msg *nats.Msg, first error) (*jetstream.PubAck, error) {
 	wait := 100 * time.Millisecond
 	err := first

@@ -41,12 +41,17 @@ func checkExactlyOnce(t *testing.T, e *env, want []int, sensors int) {
 		t.Fatalf("READINGS holds %d messages, want %d", len(logs), len(want))
 	}
 	seen := map[int]bool{}
+	lastOf := map[string]int{} // per-sensor order (invariant 4): each sensor's readings in publish order
 	for k, l := range logs {
 		i := int(l.Time.Sub(base) / time.Millisecond)
 		if seen[i] {
 			t.Fatalf("reading %d recorded twice", i)
 		}
 		seen[i] = true
+		if prev, ok := lastOf[l.SensorID]; ok && prev > i {
+			t.Fatalf("sensor %s: reading %d recorded after reading %d", l.SensorID, i, prev)
+		}
+		lastOf[l.SensorID] = i
 		if l.SensorID != fmt.Sprintf("s%d", i%sensors) || int(l.Data) != i%2 || l.Kind != "reading" || l.V != 1 {
 			t.Fatalf("reading %d recorded as %+v", i, l)
 		}
