@@ -7,8 +7,11 @@
 // gRPC codes (statusOf, the one place where codes are chosen) and counts it. Registry
 // resources carry an etag for conditional updates and deletes; lists page with opaque keyset
 // tokens. The registry and the current state are read from Postgres (the state projection is
-// only read, never written, here); the history calls are answered by the history store
-// (ClickHouse) when one is given.
+// only read, never written, here); the history calls (readings, events, attempts, sensor
+// statistics) are answered by the history store (ClickHouse) when one is given. A client's
+// dead-lettered deliveries (ListClientDeliveries with state "dead") and their redrive are
+// read and changed in the notifier's delivery table in Postgres (notifier.ListDead,
+// notifier.Redrive), so they are served without ClickHouse.
 package api
 
 import (
