@@ -22,7 +22,6 @@ import (
 	"syscall"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
-	"github.com/lock-sensors/lock-sensors/loadgen"
 )
 
 // version is set with -ldflags "-X main.version=…"; otherwise the module version is used.
@@ -37,7 +36,7 @@ const usage = `locks: watches door-lock sensors (see README.md)
 usage:
   locks run [--targets=all|bridge,state,history,notifier,watchdog,api] [--partitions=all|0-7|i/k] [flags]
   locks migrate [flags]
-  locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F] [flags]
+  locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
@@ -67,7 +66,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs.SetOutput(stderr)
 	vals := config.Register(fs)
 	var targets, partitions string
-	var lg *loadgen.Config
+	var lg *loadgenOptions
 	if cmd == "loadgen" {
 		lg = loadgenFlags(fs)
 	}

@@ -1,0 +1,268 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Receiver is the load run's webhook receiver: it verifies every signature (from the
+// Standard Webhooks spec, not with the system's signer), de-duplicates by webhook-id, and
+// measures the latency from the reading's ts (its publish time) to receipt.
+type Receiver struct {
+	srv    *http.Server
+	ln     net.Listener
+	secret []byte
+
+	mu         sync.Mutex
+	seen       map[string]bool
+	duplicates int64
+	badSig     int64
+	byType     map[string]int64
+	lost       map[string]int64 // sensor → connection_lost count
+	lostAt     map[string]time.Time
+	latencies  []time.Duration  // state_changed: receipt − occurred_at
+}
+
+// NewReceiver listens on addr (e.g. 127.0.0.1:0).
+func NewReceiver(addr string) (*Receiver, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen receiver: %w", err)
+	}
+	r := &Receiver{ln: ln, seen: map[string]bool{}, byType: map[string]int64{}, lost: map[string]int64{}, lostAt: map[string]time.Time{}}
+	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = r.srv.Serve(ln) }()
+	return r, nil
+}
+
+// URL is where the system should send webhooks.
+func (r *Receiver) URL() string { return "http://" + r.ln.Addr().String() + "/hook" }
+
+// Close stops the receiver.
+func (r *Receiver) Close() error { return r.srv.Close() }
+
+// SetSecret sets the client's signing secret (whsec_<base64>).
+func (r *Receiver) SetSecret(s string) error {
+	k, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, "whsec_"))
+	if err != nil {
+		return fmt.Errorf("signing secret: %w", err)
+	}
+	r.mu.Lock()
+	r.secret = k
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	now := time.Now()
+	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	id, ts := req.Header.Get("webhook-id"), req.Header.Get("webhook-timestamp")
+	var p struct {
+		Type       string    `json:"type"`
+		OccurredAt time.Time `json:"occurred_at"`
+		Sensor     struct {
+			ID string `json:"id"`
+		} `json:"sensor"`
+	}
+	_ = json.Unmarshal(body, &p)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mac := hmac.New(sha256.New, r.secret)
+	mac.Write([]byte(id + "." + ts + "." + string(body)))
+	want := "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	if !slices.Contains(strings.Fields(req.Header.Get("webhook-signature")), want) {
+		r.badSig++
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+	if r.seen[id] {
+		r.duplicates++
+		return
+	}
+	r.seen[id] = true
+	r.byType[p.Type]++
+	switch p.Type {
+	case "sensor.connection_lost":
+		r.lost[p.Sensor.ID]++
+		if _, ok := r.lostAt[p.Sensor.ID]; !ok {
+			r.lostAt[p.Sensor.ID] = now
+		}
+	case "sensor.state_changed":
+		r.latencies = append(r.latencies, now.Sub(p.OccurredAt))
+	}
+}
+
+// Tally is what the receiver got.
+type Tally struct {
+	ByType     map[string]int64
+	Lost       map[string]int64
+	LostAt     map[string]time.Time // first connection_lost of each sensor
+	Duplicates int64
+	BadSig     int64
+	// P50, P95, P99 of publish → webhook receipt for state_changed.
+	P50, P95, P99 time.Duration
+}
+
+// Tally returns a copy of the counts so far.
+func (r *Receiver) Tally() Tally {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig}
+	for k, v := range r.lostAt {
+		t.LostAt[k] = v
+	}
+	for k, v := range r.byType {
+		t.ByType[k] = v
+	}
+	for k, v := range r.lost {
+		t.Lost[k] = v
+	}
+	if n := len(r.latencies); n > 0 {
+		l := slices.Clone(r.latencies)
+		slices.Sort(l)
+		q := func(p float64) time.Duration { return l[int(p*float64(n-1))] }
+		t.P50, t.P95, t.P99 = q(0.5), q(0.95), q(0.99)
+	}
+	return t
+}
+
+// Register creates a client for the receiver through the admin API at apiURL, registers the
+// fleet's sensors and subscribes the client to each, with a few requests in parallel.
+func (r *Receiver) Register(ctx context.Context, apiURL, token, prefix string, sensors int) error {
+	call := func(method, path string, in any, out any) error {
+		var body io.Reader
+		if in != nil {
+			b, _ := json.Marshal(in)
+			body = bytes.NewReader(b)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(apiURL, "/")+path, body)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == http.StatusConflict && method == http.MethodPost {
+			return nil // registered by an earlier run
+		}
+		if resp.StatusCode >= 300 {
+			return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, b)
+		}
+		if out != nil {
+			return json.Unmarshal(b, out)
+		}
+		return nil
+	}
+	var client struct {
+		ID            string `json:"id"`
+		SigningSecret string `json:"signing_secret"`
+	}
+	if err := call(http.MethodPost, "/v1/clients", map[string]string{"name": "loadgen", "webhook_url": r.URL()}, &client); err != nil {
+		return fmt.Errorf("loadgen: create client: %w", err)
+	}
+	if err := r.SetSecret(client.SigningSecret); err != nil {
+		return err
+	}
+	ids := make(chan int)
+	errc := make(chan error, 16)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := range ids {
+				id := SensorID(prefix, n)
+				if err := call(http.MethodPost, "/v1/sensors", map[string]string{"id": id, "address": "loadgen " + id}, nil); err != nil {
+					errc <- err
+					return
+				}
+				if err := call(http.MethodPut, "/v1/sensors/"+id+"/clients/"+client.ID, nil, nil); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	var err error
+feed:
+	for n := range sensors {
+		select {
+		case ids <- n:
+		case err = <-errc:
+			break feed
+		}
+	}
+	close(ids)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errc:
+		default:
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("loadgen: register sensors: %w", err)
+	}
+	return nil
+}
+
+// ErrUnbalanced says the books of a run do not balance.
+var ErrUnbalanced = errors.New("loadgen: the books do not balance")
+
+// Check balances the books of a run against what the receiver got: every expected
+// state_changed received once, each silent sensor lost exactly once, no other sensor lost
+// while the run still fed it (a lost event later than lostAfter after the end of publishing
+// is the fleet stopping, not a false alarm), no duplicate, every signature valid. silentDone
+// says whether enough time passed for the silent sensors to be declared lost. It returns the
+// problems found, none when balanced.
+func Check(b Books, t Tally, lostAfter time.Duration, silentDone bool) []string {
+	var problems []string
+	if got := t.ByType["sensor.state_changed"]; got != b.Changes {
+		problems = append(problems, fmt.Sprintf("state_changed: received %d, expected %d (missing %d)", got, b.Changes, b.Changes-got))
+	}
+	if t.Duplicates > 0 {
+		problems = append(problems, fmt.Sprintf("%d duplicate deliveries (same webhook-id)", t.Duplicates))
+	}
+	if t.BadSig > 0 {
+		problems = append(problems, fmt.Sprintf("%d webhooks with a bad signature", t.BadSig))
+	}
+	silent := map[string]bool{}
+	for _, id := range b.Silent {
+		silent[id] = true
+		if silentDone && t.Lost[id] != 1 {
+			problems = append(problems, fmt.Sprintf("silent sensor %s: %d connection_lost, want 1", id, t.Lost[id]))
+		}
+	}
+	for id, n := range t.Lost {
+		if !silent[id] && t.LostAt[id].Before(b.End.Add(lostAfter)) {
+			problems = append(problems, fmt.Sprintf("sensor %s kept reporting but got %d connection_lost", id, n))
+		}
+	}
+	if len(problems) > 20 {
+		problems = append(problems[:20], fmt.Sprintf("… and %d more", len(problems)-20))
+	}
+	return problems
+}
