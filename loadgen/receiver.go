@@ -33,7 +33,7 @@ type Receiver struct {
 	byType     map[string]int64
 	lost       map[string]int64 // sensor → connection_lost count
 	lostAt     map[string]time.Time
-	latencies  []time.Duration  // state_changed: receipt − occurred_at
+	latencies  []time.Duration // state_changed: receipt − occurred_at
 }
 
 // NewReceiver listens on addr (e.g. 127.0.0.1:0).
