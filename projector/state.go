@@ -448,12 +448,9 @@ func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]stateMsg, error) {
 		if err != nil {
 			return nil, fmt.Errorf("message metadata: %w", err)
 		}
-		l, err := event.DecodeLog(m.Data())
+		l, err := prepareLog(m.Data())
 		if errors.Is(err, event.ErrVersion) {
 			return nil, fmt.Errorf("READINGS seq %d: %w", md.Sequence.Stream, err)
-		}
-		if err == nil && (l.SensorID == "" || l.Data > 1 || l.ReceivedTime.IsZero()) {
-			err = errors.New("missing sensor_id or received_time, or data not 0/1")
 		}
 		if err != nil {
 			s.m.skipped.WithLabelValues("invalid").Inc()
@@ -461,16 +458,30 @@ func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]stateMsg, error) {
 				"seq", md.Sequence.Stream, "err", err)
 			continue
 		}
-		// Postgres keeps microseconds: deciding on the same precision in memory makes the
-		// outcome independent of where batches happen to be cut.
-		l.ReceivedTime = l.ReceivedTime.UTC().Truncate(time.Microsecond)
-		if l.Time.IsZero() {
-			l.Time = l.ReceivedTime
-		}
-		l.Time = l.Time.UTC().Truncate(time.Microsecond)
 		out = append(out, stateMsg{seq: md.Sequence.Stream, log: l})
 	}
 	return out, nil
+}
+
+// prepareLog decodes a READINGS message as stateStep expects it (shared with the rebuild, so
+// that both decide on the very same input): an error wrapping event.ErrVersion must stop the
+// partition, any other error means the message is skipped.
+func prepareLog(b []byte) (event.Log, error) {
+	l, err := event.DecodeLog(b)
+	if err == nil && (l.SensorID == "" || l.Data > 1 || l.ReceivedTime.IsZero()) {
+		err = errors.New("missing sensor_id or received_time, or data not 0/1")
+	}
+	if err != nil {
+		return l, err
+	}
+	// Postgres keeps microseconds: deciding on the same precision in memory makes the
+	// outcome independent of where batches happen to be cut.
+	l.ReceivedTime = l.ReceivedTime.UTC().Truncate(time.Microsecond)
+	if l.Time.IsZero() {
+		l.Time = l.ReceivedTime
+	}
+	l.Time = l.Time.UTC().Truncate(time.Microsecond)
+	return l, nil
 }
 
 // stateCache holds the rows of one partition as the last commit of this process left them,
