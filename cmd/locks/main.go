@@ -37,6 +37,7 @@ usage:
   locks run [--targets=all|bridge,state,history,notifier,watchdog,api] [--partitions=all|0-7|i/k] [flags]
   locks migrate [flags]
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
+  locks replay --projection=state [--from-seq=N] [--drop-old] [flags]
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
@@ -53,7 +54,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "locks", versionString())
 		return 0
-	case "run", "migrate", "loadgen":
+	case "run", "migrate", "loadgen", "replay":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -69,6 +70,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	var lg *loadgenOptions
 	if cmd == "loadgen" {
 		lg = loadgenFlags(fs)
+	}
+	var rp *replayOptions
+	if cmd == "replay" {
+		rp = replayFlags(fs)
 	}
 	if cmd == "run" {
 		fs.StringVar(&targets, "targets", "all", "parts to run: all, or a comma list of "+allTargetsList())
@@ -99,6 +104,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = migrate(ctx, cfg, true, true, log)
 	case "loadgen":
 		err = runLoadgen(ctx, cfg, lg, stdout, log)
+	case "replay":
+		err = runReplay(ctx, cfg, rp, stderr, log)
 	case "run":
 		var opts runOptions
 		if opts, err = parseRunOptions(targets, partitions, cfg); err != nil {

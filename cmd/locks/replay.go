@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/projector"
+)
+
+// replayOptions are the flags of `locks replay`.
+type replayOptions struct {
+	projection string
+	fromSeq    uint64
+	batch      int
+	dropOld    bool
+}
+
+func replayFlags(fs *flag.FlagSet) *replayOptions {
+	o := &replayOptions{}
+	fs.StringVar(&o.projection, "projection", "state", "projection to rebuild from READINGS: state (history is not rebuilt yet)")
+	fs.Uint64Var(&o.fromSeq, "from-seq", 0, "start at this READINGS sequence; required when the stream no longer holds its start")
+	fs.IntVar(&o.batch, "batch-size", 5000, "READINGS messages per shadow transaction")
+	fs.BoolVar(&o.dropOld, "drop-old", false, "drop the tables earlier rebuilds replaced, and do nothing else")
+	return o
+}
+
+// runReplay rebuilds a projection into shadow tables and swaps it in, showing progress on
+// stderr: one rewritten line on a terminal, log lines otherwise.
+func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr io.Writer, log *slog.Logger) error {
+	if o.projection != projector.StateProjection {
+		return &config.Error{Var: "--projection", Value: o.projection, Reason: "only the state projection can be rebuilt so far"}
+	}
+	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+	}
+	defer pool.Close()
+	if o.dropOld {
+		names, err := projector.DropOldState(ctx, pool)
+		if err != nil {
+			return err
+		}
+		log.Info("dropped the tables replaced by earlier rebuilds", "tables", names)
+		return nil
+	}
+	if cfg.NATSURL == "" {
+		return &config.Error{Var: "LOCKS_NATS_URL", Value: "", Reason: "replay reads READINGS from a running NATS server; the embedded one of `locks run` is not reachable from here"}
+	}
+	nc, err := natsx.Connect(cfg.NATSURL, "locks-replay", log)
+	if err != nil {
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", cfg.NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	rc := projector.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, BatchSize: o.batch}
+	var tty *os.File
+	if f, ok := stderr.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = f
+		}
+	}
+	if tty != nil {
+		rc.Progress = func(p projector.RebuildProgress) {
+			pct := 100.0
+			if p.Total > 0 {
+				pct = 100 * float64(p.Done) / float64(p.Total)
+			}
+			fmt.Fprintf(tty, "\rrebuild %s: %-8s %d/%d (%.1f%%) %.0f msg/s ETA %s   ",
+				o.projection, p.Phase, p.Done, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
+			if p.Phase == "done" {
+				fmt.Fprintln(tty)
+			}
+		}
+	}
+	r, err := projector.NewStateRebuild(rc, projector.RebuildDeps{JS: js, PG: pool, Log: log})
+	if err != nil {
+		return err
+	}
+	res, err := r.Run(ctx)
+	if tty != nil {
+		fmt.Fprintln(tty)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("replay done; the old table is kept until `locks replay --drop-old`", "old_table", res.OldTable,
+		"applied", res.Applied, "events_checked", res.EventsChecked, "elapsed", res.Elapsed.Round(time.Millisecond),
+		"per_second", int64(float64(res.Applied)/max(res.Elapsed.Seconds(), 1e-9)))
+	return nil
+}
