@@ -84,7 +84,9 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 			continue // we have not got that far in this partition yet
 		}
 		k, ok := keys[s.sensor]
-		if ok && (k.marker || k.seenUS >= s.lastSeen.UnixMicro()) {
+		// A key may stand for a reading up to the coalescing slack older than the last one.
+		slack := coalesceSlack(w.lostAfter(s.sensor)).Microseconds()
+		if ok && (k.marker || k.seenUS >= s.lastSeen.UnixMicro()-slack) {
 			continue
 		}
 		suspects = append(suspects, s)
@@ -111,7 +113,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 				continue // an expiry: the expiry path settles it
 			}
 			var v keyValue
-			if json.Unmarshal(m.Data, &v) == nil && v.ReceivedNS/1000 >= s.lastSeen.UnixMicro() {
+			if json.Unmarshal(m.Data, &v) == nil && v.ReceivedNS/1000 >= s.lastSeen.UnixMicro()-coalesceSlack(w.lostAfter(s.sensor)).Microseconds() {
 				continue
 			}
 			rev = m.Sequence

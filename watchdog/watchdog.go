@@ -148,10 +148,43 @@ type partState struct {
 	// doneSeq is the READINGS sequence of that message.
 	doneSeq atomic.Uint64
 	mu      sync.Mutex
+	// written is, per sensor, the deadline (receive time + lost_after) of the last refresh
+	// this process sent; only the partition's consumer goroutine touches it.
+	written map[string]time.Time
+}
+
+// coalesceSlack is how far a sensor's deadline may move before its key is written again.
+// A reporting sensor then costs a KV write per lost_after/4 instead of one per reading (the
+// refresh is most of the watchdog's load on NATS). Skipping is safe because an expiry is
+// always settled against the sensor's last message in READINGS: a key that expires up to
+// the slack early finds a reading younger than lost_after and is refreshed with the time
+// left, so the fact still comes on time. Short timeouts (tests, demos) write every reading,
+// since the refresh-on-check rounds its TTL up to a whole second.
+func coalesceSlack(lostAfter time.Duration) time.Duration {
+	if lostAfter < time.Minute {
+		return 0
+	}
+	return lostAfter / 4
+}
+
+// needsRefresh says whether a reading received at received must write the sensor's key,
+// and records the deadline it writes.
+func (w *Watchdog) needsRefresh(ps *partState, sensor string, received time.Time) bool {
+	lostAfter := w.lostAfter(sensor)
+	deadline := received.Add(lostAfter)
+	if d, ok := ps.written[sensor]; ok && !deadline.Before(d) && deadline.Sub(d) < coalesceSlack(lostAfter) {
+		return false
+	}
+	if ps.written == nil {
+		ps.written = map[string]time.Time{}
+	}
+	ps.written[sensor] = deadline
+	return true
 }
 
 type metrics struct {
 	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
+	coalesced                                                              prometheus.Counter
 	held                                                                   prometheus.Gauge
 	delay, markerLag                                                       prometheus.Histogram
 }
@@ -193,6 +226,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 	w.overrides.Store(&empty)
 	w.m = metrics{
 		refreshes:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_total", Help: "Liveness keys refreshed by readings."}),
+		coalesced:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_coalesced_total", Help: "Readings whose key refresh was skipped: the key's deadline was within lost_after/4 of theirs."}),
 		expiries:         prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_total", Help: "Liveness key expiries (limit markers) seen."}),
 		facts:            prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_facts_total", Help: "liveness_timeout facts appended to READINGS."}),
 		refreshedOnCheck: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_refreshed_total", Help: "Expiries dropped because READINGS held a reading younger than lost_after (our own lag)."}),
@@ -204,7 +238,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.delay, w.m.markerLag} {
+	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.coalesced, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.delay, w.m.markerLag} {
 		if err := d.Reg.Register(c); err != nil {
 			return nil, fmt.Errorf("watchdog metrics: %w", err)
 		}
@@ -452,6 +486,8 @@ func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps 
 		switch {
 		case err != nil:
 			w.log.Warn("undecodable READINGS message skipped", "seq", md.Sequence.Stream, "err", err)
+		case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
+			w.m.coalesced.Inc()
 		case l.Kind == event.KindReading:
 			pd.put, pd.ttl = w.refreshMsg(l.SensorID, l.ReceivedTime, md.Sequence.Stream, time.Now())
 			pd.fut, err = w.js.PublishMsgAsync(pd.put, jetstream.WithMsgTTL(pd.ttl))
