@@ -5,15 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -332,4 +337,70 @@ func TestStateRebuildRefusesTruncatedLog(t *testing.T) {
 	if exists {
 		t.Error("a refused rebuild created its shadow table")
 	}
+}
+
+// TestHelperRebuildProcess is not a test: it is the child process of TestStateRebuildCrash,
+// rebuilding until its crash point kills it.
+func TestHelperRebuildProcess(t *testing.T) {
+	if os.Getenv("LOCKS_TEST_REBUILD_CHILD") != "1" {
+		return
+	}
+	n, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_PARTITIONS"))
+	nc, err := natsx.Connect(os.Getenv("LOCKS_TEST_NATS_URL"), "rebuild-child", testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := pgxpool.New(t.Context(), os.Getenv("LOCKS_TEST_PG_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewStateRebuild(RebuildConfig{PartitionCount: n, BatchSize: 500}, RebuildDeps{JS: js, PG: pg, Log: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Run(t.Context())
+	t.Fatalf("crash point %s never hit (Run returned %+v, %v)", os.Getenv(crashpoint.Env), res, err)
+}
+
+// A rebuild killed after a committed shadow batch is continued by the next run, which ends
+// equal to the live projection.
+func TestStateRebuildCrash(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 4)
+	var pub statePublished
+	e.publish(t, e.nats.JS, rebuildLog(6, 500, 20000), &pub)
+	e.runState(t, e.nats.JS, partition.All(e.n))
+	e.waitCaughtUp(t, &pub, 90*time.Second)
+	live := loadStateTable(t, e, "sensor_state")
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRebuildProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "LOCKS_TEST_REBUILD_CHILD=1", "LOCKS_TEST_PARTITIONS="+strconv.Itoa(e.n),
+		"LOCKS_TEST_NATS_URL="+e.nats.URL, "LOCKS_TEST_PG_URL="+e.pgURL, crashpoint.Env+"="+CrashRebuildAfterBatch+":15")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
+		t.Fatalf("child: %v, want exit %d at the crash point\n%s", err, crashpoint.ExitCode, out)
+	}
+	var done int64
+	if err := e.pg.QueryRow(t.Context(), `SELECT count(*) FROM checkpoints WHERE projection = $1`, StateRebuildProjection).Scan(&done); err != nil {
+		t.Fatal(err)
+	}
+	if done == 0 {
+		t.Fatal("the killed rebuild left no shadow checkpoint")
+	}
+
+	res, err := e.newRebuild(t, RebuildConfig{BatchSize: 500}).Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterRebuild(t, e, res)
+	if !res.Resumed || res.Applied == 0 || res.Applied >= uint64(len(pub.logs)) {
+		t.Errorf("run after the crash %+v: want it to continue the shadow (%d readings in all)", res, len(pub.logs))
+	}
+	equalRows(t, "sensor_state rebuilt across a crash vs the live one", loadStateTable(t, e, "sensor_state"), live)
+	checkStateAgainstModel(t, e, &pub)
 }
