@@ -491,7 +491,10 @@ func prepareLog(b []byte) (event.Log, error) {
 type stateCache struct {
 	rows map[string]stateRow
 	cp   uint64 // the checkpoint after the commit the rows reflect
-	max  int
+	// table is sensor_state's oid when the rows were loaded: a rebuild swaps another table
+	// in under the same name (see rebuild.go), and the rows cached are then not its rows.
+	table uint32
+	max   int
 }
 
 func newStateCache(max int) *stateCache {
@@ -563,6 +566,9 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cac
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, StateProjection, p)
 		b.Queue(`SELECT seq FROM checkpoints WHERE projection = $1 AND partition = $2 FOR UPDATE`, StateProjection, p)
+		// After the checkpoint lock, which a rebuild's swap holds while renaming the tables;
+		// read from the catalog (not a regclass constant) so that no cached plan keeps it.
+		b.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
 		b.Queue(selectStateRows, missing)
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
@@ -575,6 +581,15 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cac
 			return fmt.Errorf("lock checkpoint: %w", err)
 		}
 		cp := uint64(cp64)
+		var table uint32
+		if err := br.QueryRow().Scan(&table); err != nil {
+			br.Close()
+			return fmt.Errorf("look up sensor_state: %w", err)
+		}
+		if table != cache.table {
+			cache.clear()
+			cache.table = table
+		}
 		rows, err := br.Query()
 		if err == nil {
 			err = scanStateRows(rows, state)
