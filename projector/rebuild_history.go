@@ -1,0 +1,281 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+)
+
+// The rebuild of the history projection: each ClickHouse table (readings, events,
+// deliveries) is filled again from its stream into a shadow (<table>_rebuild) while the live
+// history projector keeps writing; when the shadows have caught up, one RENAME TABLE puts
+// them in place (the old tables are kept as <table>_old_<time>), and the stream is read on
+// up to its last sequence after the rename, so that whatever the live projector wrote into
+// the old tables meanwhile is in the new ones too. The tables are ReplacingMergeTree keyed
+// so that a row written twice collapses: writing the tail twice is harmless, and a rebuild
+// that is stopped simply starts its shadows over. History derives no event: nothing is
+// published.
+
+// HistoryRebuildConfig configures a rebuild of the history projection.
+type HistoryRebuildConfig struct {
+	// FromSeq starts READINGS at this sequence; non-zero also accepts streams that no
+	// longer hold their start.
+	FromSeq uint64
+	// BatchSize is the most rows per INSERT (default 20,000).
+	BatchSize int
+	// ProgressEvery and Progress as in RebuildConfig.
+	ProgressEvery time.Duration
+	Progress      func(RebuildProgress)
+}
+
+// HistoryRebuild rebuilds the history projection; see the comment above.
+type HistoryRebuild struct {
+	cfg   HistoryRebuildConfig
+	js    jetstream.JetStream
+	ch    driver.Conn
+	log   *slog.Logger
+	state *StateRebuild // for its progress reporting only
+}
+
+// NewHistoryRebuild checks its dependencies.
+func NewHistoryRebuild(cfg HistoryRebuildConfig, js jetstream.JetStream, ch driver.Conn, log *slog.Logger) (*HistoryRebuild, error) {
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 20_000
+	}
+	if cfg.ProgressEvery == 0 {
+		cfg.ProgressEvery = time.Second
+	}
+	if cfg.BatchSize < 1 {
+		return nil, fmt.Errorf("history rebuild: batch size %d < 1", cfg.BatchSize)
+	}
+	if js == nil || ch == nil || log == nil {
+		return nil, errors.New("history rebuild: JetStream, ClickHouse and logger are required")
+	}
+	log = log.With("part", "rebuild", "projection", "history")
+	return &HistoryRebuild{cfg: cfg, js: js, ch: ch, log: log,
+		state: &StateRebuild{cfg: RebuildConfig{ProgressEvery: cfg.ProgressEvery, Progress: cfg.Progress}, log: log}}, nil
+}
+
+// historyCopier fills one table from its stream.
+type historyCopier struct {
+	table  historyTable
+	stream string
+	cons   jetstream.Consumer
+	last   uint64 // the last stream sequence read
+	done   atomic.Uint64
+	pend   atomic.Uint64
+}
+
+// Run rebuilds the three history tables and swaps them in; it returns the suffix of the
+// kept old tables (<table>_old_<time>) as OldTable.
+func (r *HistoryRebuild) Run(ctx context.Context) (RebuildResult, error) {
+	start := time.Now()
+	var res RebuildResult
+	streams := map[string]string{"readings": natsx.ReadingsStream, "events": natsx.EventsStream, "deliveries": natsx.DeliveriesStream}
+	var copiers []*historyCopier
+	for _, t := range historyTables {
+		c := &historyCopier{table: t, stream: streams[t.name]}
+		if err := r.plan(ctx, c); err != nil {
+			return res, err
+		}
+		copiers = append(copiers, c)
+	}
+	for _, c := range copiers {
+		for _, q := range []string{"DROP TABLE IF EXISTS " + c.table.name + "_rebuild", "CREATE TABLE " + c.table.name + "_rebuild AS " + c.table.name} {
+			if err := r.ch.Exec(ctx, q); err != nil {
+				return res, fmt.Errorf("shadow of %s: %w", c.table.name, err)
+			}
+		}
+		if err := r.open(ctx, c); err != nil {
+			return res, err
+		}
+	}
+	phase := atomic.Value{}
+	phase.Store("catch-up")
+	stop := r.progress(copiers, &phase, start)
+	defer stop()
+
+	// Catch up twice: the second round is short, and so is the time the live projector
+	// writes only into the old tables.
+	for range 2 {
+		g, gctx := errgroup.WithContext(ctx)
+		for _, c := range copiers {
+			g.Go(func() error { return r.copyToEnd(gctx, c, c.table.name+"_rebuild") })
+		}
+		if err := g.Wait(); err != nil {
+			return res, err
+		}
+	}
+	phase.Store("swap")
+	suffix := "_old_" + time.Now().UTC().Format("20060102150405")
+	var renames []string
+	for _, c := range copiers {
+		n := c.table.name
+		renames = append(renames, n+" TO "+n+suffix, n+"_rebuild TO "+n)
+	}
+	if err := r.ch.Exec(ctx, "RENAME TABLE "+strings.Join(renames, ", ")); err != nil {
+		return res, fmt.Errorf("swap the rebuilt history tables in (run the rebuild again): %w", err)
+	}
+	// What the live projector wrote into the old tables before the rename.
+	for _, c := range copiers {
+		if err := r.copyToEnd(ctx, c, c.table.name); err != nil {
+			return res, fmt.Errorf("after the swap (the new tables may miss rows up to now; run the rebuild again): %w", err)
+		}
+	}
+	phase.Store("done")
+	for _, c := range copiers {
+		res.Applied += c.done.Load()
+	}
+	res.OldTable, res.Elapsed = suffix, time.Since(start)
+	r.log.Info("history projection rebuilt and swapped in", "messages", res.Applied, "old_tables", "*"+suffix, "elapsed", res.Elapsed.Round(time.Millisecond))
+	return res, nil
+}
+
+func (r *HistoryRebuild) plan(ctx context.Context, c *historyCopier) error {
+	st, err := r.js.Stream(ctx, c.stream)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", c.stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%s info: %w", c.stream, err)
+	}
+	s := info.State
+	r.log.Info("stream holds", "stream", c.stream, "first_seq", s.FirstSeq, "last_seq", s.LastSeq, "messages", s.Msgs)
+	if s.Msgs > 0 && s.FirstSeq > 1 {
+		if r.cfg.FromSeq == 0 {
+			return fmt.Errorf("%w: %s starts at sequence %d (%d messages removed by its limits); the rebuilt %s would lack them: pass --from-seq to accept that",
+				ErrLogTruncated, c.stream, s.FirstSeq, s.FirstSeq-1, c.table.name)
+		}
+		r.log.Warn("the stream no longer holds its start: the rebuilt table lacks it", "stream", c.stream, "first_seq", s.FirstSeq)
+	}
+	return nil
+}
+
+func (r *HistoryRebuild) open(ctx context.Context, c *historyCopier) error {
+	st, err := r.js.Stream(ctx, c.stream)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", c.stream, err)
+	}
+	cfg := jetstream.OrderedConsumerConfig{}
+	if c.stream == natsx.ReadingsStream && r.cfg.FromSeq > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.cfg.FromSeq
+	}
+	if c.cons, err = st.OrderedConsumer(ctx, cfg); err != nil {
+		return fmt.Errorf("%s consumer: %w", c.stream, err)
+	}
+	if info, err := c.cons.Info(ctx); err == nil {
+		c.pend.Store(info.NumPending)
+	}
+	return nil
+}
+
+// copyToEnd reads c's stream up to its last sequence as of now and inserts the rows into table.
+func (r *HistoryRebuild) copyToEnd(ctx context.Context, c *historyCopier, table string) error {
+	st, err := r.js.Stream(ctx, c.stream)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", c.stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%s info: %w", c.stream, err)
+	}
+	target := info.State.LastSeq
+	t := c.table
+	t.name, t.insert = table, strings.Replace(t.insert, "INSERT INTO "+c.table.name+" ", "INSERT INTO "+table+" ", 1)
+	var rows []any
+	flush := func() error {
+		if len(rows) == 0 {
+			return nil
+		}
+		if err := historyInsert(ctx, r.ch, t, t.columns(rows)); err != nil {
+			return err
+		}
+		rows = rows[:0]
+		return nil
+	}
+	for c.last < target {
+		msgs, err := stateDrain(c.cons.FetchNoWait(r.cfg.BatchSize))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", c.stream, err)
+		}
+		if len(msgs) == 0 {
+			cinfo, err := c.cons.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("%s consumer: %w", c.stream, err)
+			}
+			if cinfo.NumPending == 0 {
+				break // the messages up to target are gone (deleted)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
+		for _, m := range msgs {
+			md, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("message metadata: %w", err)
+			}
+			c.last = md.Sequence.Stream
+			c.pend.Store(md.NumPending)
+			row, err := t.decode(m.Data(), md)
+			if err != nil {
+				continue // not a row, or one the live projector skips as well
+			}
+			rows = append(rows, row)
+		}
+		c.done.Add(uint64(len(msgs)))
+		if len(rows) >= r.cfg.BatchSize {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+func (r *HistoryRebuild) progress(copiers []*historyCopier, phase *atomic.Value, start time.Time) func() {
+	// The state rebuild's reporter counts workers' done and pending: feed it copiers' counts.
+	ws := make([]*rebuildWorker, len(copiers))
+	for i := range ws {
+		ws[i] = &rebuildWorker{}
+	}
+	quit := make(chan struct{})
+	go func() {
+		t := time.NewTicker(r.cfg.ProgressEvery / 4)
+		defer t.Stop()
+		for {
+			for i, c := range copiers {
+				ws[i].done.Store(c.done.Load())
+				ws[i].pending.Store(c.pend.Load())
+			}
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	stop := r.state.reportProgress(ws, phase, start)
+	return func() {
+		close(quit)
+		for i, c := range copiers {
+			ws[i].done.Store(c.done.Load())
+			ws[i].pending.Store(c.pend.Load())
+		}
+		stop()
+	}
+}
