@@ -279,3 +279,31 @@ func (r *HistoryRebuild) progress(copiers []*historyCopier, phase *atomic.Value,
 		stop()
 	}
 }
+
+// DropOldHistory drops the history tables earlier swaps replaced and returns their names.
+func DropOldHistory(ctx context.Context, ch driver.Conn) ([]string, error) {
+	rows, err := ch.Query(ctx, `SELECT name FROM system.tables WHERE database = currentDatabase()
+		AND match(name, '^(readings|events|deliveries)_old_[0-9]+$') ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list old history tables: %w", err)
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list old history tables: %w", err)
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list old history tables: %w", err)
+	}
+	for _, n := range names {
+		if err := ch.Exec(ctx, "DROP TABLE "+n); err != nil {
+			return nil, fmt.Errorf("drop %s: %w", n, err)
+		}
+	}
+	return names, nil
+}

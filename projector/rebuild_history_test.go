@@ -105,6 +105,14 @@ func TestHistoryRebuild(t *testing.T) {
 	historyWaitRows(t, e.ch, 9000, 60*time.Second)
 	historyCheckExactlyOnce(t, e.ch, logs, 1000)
 	stop()
+
+	dropped, err := DropOldHistory(t.Context(), e.ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dropped) != 3 || !strings.HasSuffix(dropped[0], res.OldTable) {
+		t.Errorf("dropped %v, want the three *%s tables", dropped, res.OldTable)
+	}
 }
 
 func TestHistoryRebuildRefusesTruncatedLog(t *testing.T) {

@@ -37,7 +37,7 @@ usage:
   locks run [--targets=all|bridge,state,history,notifier,watchdog,api] [--partitions=all|0-7|i/k] [flags]
   locks migrate [flags]
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
-  locks replay --projection=state [--from-seq=N] [--drop-old] [flags]
+  locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is

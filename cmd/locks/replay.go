@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -27,7 +29,7 @@ type replayOptions struct {
 
 func replayFlags(fs *flag.FlagSet) *replayOptions {
 	o := &replayOptions{}
-	fs.StringVar(&o.projection, "projection", "state", "projection to rebuild from READINGS: state (history is not rebuilt yet)")
+	fs.StringVar(&o.projection, "projection", "state", "projection to rebuild from the log: state, history or all")
 	fs.Uint64Var(&o.fromSeq, "from-seq", 0, "start at this READINGS sequence; required when the stream no longer holds its start")
 	fs.IntVar(&o.batch, "batch-size", 5000, "READINGS messages per shadow transaction")
 	fs.BoolVar(&o.dropOld, "drop-old", false, "drop the tables earlier rebuilds replaced, and do nothing else")
@@ -37,24 +39,50 @@ func replayFlags(fs *flag.FlagSet) *replayOptions {
 // runReplay rebuilds a projection into shadow tables and swaps it in, showing progress on
 // stderr: one rewritten line on a terminal, log lines otherwise.
 func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr io.Writer, log *slog.Logger) error {
-	if o.projection != projector.StateProjection {
-		return &config.Error{Var: "--projection", Value: o.projection, Reason: "only the state projection can be rebuilt so far"}
+	doState, doHistory := o.projection == projector.StateProjection || o.projection == "all", o.projection == "history" || o.projection == "all"
+	if !doState && !doHistory {
+		return &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
 	}
-	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
-	if err != nil {
-		return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+	var pool *pgxpool.Pool
+	if doState {
+		var err error
+		if pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+		}
+		defer pool.Close()
 	}
-	defer pool.Close()
-	if o.dropOld {
-		names, err := projector.DropOldState(ctx, pool)
+	var ch driver.Conn
+	if doHistory {
+		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
 		if err != nil {
-			return err
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: cfg.ClickHouseURL, Reason: err.Error()}
+		}
+		if ch, err = clickhouse.Open(opts); err != nil {
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact(cfg.ClickHouseURL), err)
+		}
+		defer ch.Close()
+	}
+	if o.dropOld {
+		var names []string
+		if doState {
+			n, err := projector.DropOldState(ctx, pool)
+			if err != nil {
+				return err
+			}
+			names = append(names, n...)
+		}
+		if doHistory {
+			n, err := projector.DropOldHistory(ctx, ch)
+			if err != nil {
+				return err
+			}
+			names = append(names, n...)
 		}
 		log.Info("dropped the tables replaced by earlier rebuilds", "tables", names)
 		return nil
 	}
 	if cfg.NATSURL == "" {
-		return &config.Error{Var: "LOCKS_NATS_URL", Value: "", Reason: "replay reads READINGS from a running NATS server; the embedded one of `locks run` is not reachable from here"}
+		return &config.Error{Var: "LOCKS_NATS_URL", Value: "", Reason: "replay reads the log from a running NATS server; the embedded one of `locks run` is not reachable from here"}
 	}
 	nc, err := natsx.Connect(cfg.NATSURL, "locks-replay", log)
 	if err != nil {
@@ -65,39 +93,57 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if err != nil {
 		return err
 	}
-	rc := projector.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, BatchSize: o.batch}
 	var tty *os.File
 	if f, ok := stderr.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 			tty = f
 		}
 	}
-	if tty != nil {
-		rc.Progress = func(p projector.RebuildProgress) {
+	progress := func(name string) func(projector.RebuildProgress) {
+		if tty == nil {
+			return nil // logged
+		}
+		return func(p projector.RebuildProgress) {
 			pct := 100.0
 			if p.Total > 0 {
 				pct = 100 * float64(p.Done) / float64(p.Total)
 			}
 			fmt.Fprintf(tty, "\rrebuild %s: %-8s %d/%d (%.1f%%) %.0f msg/s ETA %s   ",
-				o.projection, p.Phase, p.Done, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
-			if p.Phase == "done" {
-				fmt.Fprintln(tty)
-			}
+				name, p.Phase, p.Done, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
 		}
 	}
-	r, err := projector.NewStateRebuild(rc, projector.RebuildDeps{JS: js, PG: pool, Log: log})
-	if err != nil {
-		return err
+	report := func(name string, res projector.RebuildResult, err error) error {
+		if tty != nil {
+			fmt.Fprintln(tty)
+		}
+		if err != nil {
+			return fmt.Errorf("rebuild %s: %w", name, err)
+		}
+		log.Info("replay done; the old tables are kept until `locks replay --drop-old`", "projection", name, "old", res.OldTable,
+			"applied", res.Applied, "events_checked", res.EventsChecked, "elapsed", res.Elapsed.Round(time.Millisecond),
+			"per_second", int64(float64(res.Applied)/max(res.Elapsed.Seconds(), 1e-9)))
+		return nil
 	}
-	res, err := r.Run(ctx)
-	if tty != nil {
-		fmt.Fprintln(tty)
+	if doState {
+		r, err := projector.NewStateRebuild(projector.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, BatchSize: o.batch,
+			Progress: progress("state")}, projector.RebuildDeps{JS: js, PG: pool, Log: log})
+		if err != nil {
+			return err
+		}
+		res, err := r.Run(ctx)
+		if err := report("state", res, err); err != nil {
+			return err
+		}
 	}
-	if err != nil {
-		return err
+	if doHistory {
+		r, err := projector.NewHistoryRebuild(projector.HistoryRebuildConfig{FromSeq: o.fromSeq, Progress: progress("history")}, js, ch, log)
+		if err != nil {
+			return err
+		}
+		res, err := r.Run(ctx)
+		if err := report("history", res, err); err != nil {
+			return err
+		}
 	}
-	log.Info("replay done; the old table is kept until `locks replay --drop-old`", "old_table", res.OldTable,
-		"applied", res.Applied, "events_checked", res.EventsChecked, "elapsed", res.Elapsed.Round(time.Millisecond),
-		"per_second", int64(float64(res.Applied)/max(res.Elapsed.Seconds(), 1e-9)))
 	return nil
 }

@@ -17,11 +17,13 @@ import (
 
 // locks replay rebuilds the state projection (here from readings no live projector has
 // applied: the shadow follows the live checkpoints, so it stays empty) and swaps it in;
-// --drop-old drops the replaced table; another projection is a usage error.
+// so does the history one; --drop-old drops the replaced tables; another projection is a
+// usage error.
 func TestReplayCommand(t *testing.T) {
 	t.Parallel()
 	ns := testenv.NATS(t)
 	pgURL, pg := testenv.Postgres(t)
+	chURL, _ := testenv.ClickHouse(t)
 	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 2, LostAfter: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -30,16 +32,17 @@ func TestReplayCommand(t *testing.T) {
 	if _, err := ns.JS.PublishMsg(t.Context(), &nats.Msg{Subject: natsx.ReadingsSubject("s1"), Data: b}, jetstream.WithMsgID("r1")); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"LOCKS_NATS_URL": ns.URL, "LOCKS_POSTGRES_URL": pgURL, "LOCKS_PARTITIONS": "2"}
+	env := map[string]string{"LOCKS_NATS_URL": ns.URL, "LOCKS_POSTGRES_URL": pgURL, "LOCKS_PARTITIONS": "2", "LOCKS_CLICKHOUSE_URL": chURL}
 	getenv := func(k string) string { return env[k] }
 	for _, c := range []struct {
 		args []string
 		code int
 		want string
 	}{
-		{[]string{"replay", "--projection=history"}, 2, "only the state projection"},
+		{[]string{"replay", "--projection=nope"}, 2, "want state, history or all"},
 		{[]string{"replay", "--projection=state"}, 0, "replay done"},
-		{[]string{"replay", "--drop-old"}, 0, "sensor_state_old_"},
+		{[]string{"replay", "--projection=history"}, 0, "history projection rebuilt"},
+		{[]string{"replay", "--drop-old", "--projection=all"}, 0, "readings_old_"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := run(c.args, getenv, &out, &errOut); code != c.code || !strings.Contains(errOut.String(), c.want) {
