@@ -318,6 +318,14 @@ func (r *StateRebuild) swap(ctx context.Context, workers []*rebuildWorker) (stri
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = `+strconv.FormatInt(r.cfg.LockTimeout.Milliseconds(), 10)); err != nil {
 			return fmt.Errorf("lock timeout: %w", err)
 		}
+		// Every partition's checkpoint row exists before the rows are locked: a live batch of
+		// a partition without one would otherwise not wait for the swap, read the old table,
+		// and then write into it after the rename. Uncommitted, these rows hold such a batch
+		// at its own insert of the row.
+		if _, err := tx.Exec(ctx, `INSERT INTO checkpoints (projection, partition, seq)
+			SELECT $1, g, 0 FROM generate_series(0, $2::int - 1) AS g ON CONFLICT DO NOTHING`, StateProjection, r.cfg.PartitionCount); err != nil {
+			return fmt.Errorf("live checkpoint rows: %w", err)
+		}
 		live, err := r.liveCheckpoints(ctx, tx, true)
 		if err != nil {
 			return err
