@@ -719,22 +719,27 @@ type eventChecker struct {
 	checked, unverified int
 }
 
-func (c *eventChecker) drain(ctx context.Context) error {
+// drain reads EVENTS on until it has read the event id (or the end): the relay publishes a
+// partition's events in the order they were derived, so only a short window is held.
+func (c *eventChecker) drain(ctx context.Context, id string) error {
 	for {
+		if _, ok := c.seen[id]; ok {
+			return nil
+		}
 		msgs, err := stateDrain(c.cons.FetchNoWait(1000))
 		if err != nil {
 			return fmt.Errorf("read EVENTS partition %d: %w", c.p, err)
 		}
 		for _, m := range msgs {
-			id := m.Headers().Get(jetstream.MsgIDHeader)
-			if id == "" {
+			mid := m.Headers().Get(jetstream.MsgIDHeader)
+			if mid == "" {
 				ev, err := event.DecodeEvent(m.Data())
 				if err != nil {
 					continue
 				}
-				id = ev.ID
+				mid = ev.ID
 			}
-			c.seen[id] = m.Data()
+			c.seen[mid] = m.Data()
 		}
 		if len(msgs) == 0 {
 			return ctx.Err()
@@ -767,7 +772,7 @@ func (c *eventChecker) check(ctx context.Context, e event.Event) error {
 	if b, ok := lookup(); ok {
 		return match(b, "EVENTS")
 	}
-	if err := c.drain(ctx); err != nil {
+	if err := c.drain(ctx, e.ID); err != nil {
 		return err
 	}
 	if b, ok := lookup(); ok {
@@ -782,7 +787,7 @@ func (c *eventChecker) check(ctx context.Context, e event.Event) error {
 		return fmt.Errorf("look up event %s in the outbox: %w", e.ID, err)
 	}
 	// The relay may have published and deleted it meanwhile: it publishes first.
-	if err := c.drain(ctx); err != nil {
+	if err := c.drain(ctx, e.ID); err != nil {
 		return err
 	}
 	if b, ok := lookup(); ok {
