@@ -5,13 +5,20 @@ import (
 	"time"
 )
 
-// endpoints isolates receivers from one another: each client's endpoint may have at most
-// perEndpoint attempts in flight in this process, and a circuit breaker that opens after
+// endpoints isolates receivers from one another: each client's endpoint may have a limited
+// number of attempts in flight in this process, and a circuit breaker that opens after
 // threshold consecutive failures stops sending to it for a cooldown (doubling up to
 // maxCooldown while probes keep failing); after the cooldown one probe attempt is let
 // through (half-open), and its success closes the breaker. An endpoint that cannot take an
 // attempt now is "busy": the dispatcher does not even claim its deliveries, so they stay in
 // Postgres, due, for whichever process can send them, and take no slot from anyone else.
+//
+// The limit adapts (additive increase, multiplicative decrease): it starts at perEndpoint;
+// an endpoint that answers 2xx within fastAttempt while it uses all its slots earns one more,
+// up to maxPerEndpoint; a failure halves it (down to 1); a slow success gives one back. So a
+// single busy client with a healthy receiver is not held to a handful of attempts at a time
+// (one claim round trip per handful: a few hundred deliveries/s), while a hanging or failing
+// one soon holds one or two slots at most.
 type endpoints struct {
 	perEndpoint int
 	threshold   int
@@ -22,7 +29,14 @@ type endpoints struct {
 	m  map[string]*endpoint
 }
 
+// maxPerEndpoint caps the adaptive limit; fastAttempt is what counts as a quick answer.
+const (
+	maxPerEndpoint = 64
+	fastAttempt    = time.Second
+)
+
 type endpoint struct {
+	limit     int
 	inflight  int
 	fails     int
 	openUntil time.Time
@@ -42,7 +56,7 @@ func (es *endpoints) canTake(e *endpoint, now time.Time) bool {
 		}
 		return true
 	}
-	return e.inflight < es.perEndpoint
+	return e.inflight < e.limit
 }
 
 // busy lists the endpoints that cannot take an attempt now.
@@ -69,8 +83,8 @@ func (es *endpoints) capacity(now time.Time) capacity {
 			c.busy = append(c.busy, id)
 		case e.fails >= es.threshold: // half-open: one probe
 			c.freeClient, c.free = append(c.freeClient, id), append(c.free, 1)
-		case e.inflight > 0:
-			c.freeClient, c.free = append(c.freeClient, id), append(c.free, int32(es.perEndpoint-e.inflight))
+		default:
+			c.freeClient, c.free = append(c.freeClient, id), append(c.free, int32(e.limit-e.inflight))
 		}
 	}
 	return c
@@ -82,7 +96,7 @@ func (es *endpoints) acquire(client string, now time.Time) bool {
 	defer es.mu.Unlock()
 	e := es.m[client]
 	if e == nil {
-		e = &endpoint{}
+		e = &endpoint{limit: es.perEndpoint}
 		es.m[client] = e
 	}
 	if !es.canTake(e, now) {
@@ -95,15 +109,25 @@ func (es *endpoints) acquire(client string, now time.Time) bool {
 	return true
 }
 
-// release returns a slot with the attempt's result; it reports whether the breaker opened.
-func (es *endpoints) release(client string, ok bool, now time.Time) (opened bool) {
+// release returns a slot with the attempt's result and how long it took; it reports whether
+// the breaker opened.
+func (es *endpoints) release(client string, ok bool, took time.Duration, now time.Time) (opened bool) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	e := es.m[client]
 	if e == nil {
 		return false
 	}
+	saturated := e.inflight <= e.limit && 2*e.inflight >= e.limit
 	e.inflight--
+	switch {
+	case !ok:
+		e.limit = max(1, e.limit/2)
+	case took >= fastAttempt:
+		e.limit = max(es.perEndpoint, e.limit-1)
+	case saturated:
+		e.limit = min(maxPerEndpoint, e.limit+1)
+	}
 	wasProbe := e.probing
 	e.probing = false
 	switch {
@@ -121,7 +145,7 @@ func (es *endpoints) release(client string, ok bool, now time.Time) (opened bool
 			opened = true
 		}
 	}
-	if e.inflight == 0 && e.fails == 0 {
+	if e.inflight == 0 && e.fails == 0 && e.limit == es.perEndpoint {
 		delete(es.m, client)
 	}
 	return opened

@@ -37,7 +37,8 @@ const (
 type Options struct {
 	// MaxInFlight bounds this process's concurrent attempts (default 512).
 	MaxInFlight int
-	// PerEndpoint bounds one client's concurrent attempts in this process (default 8).
+	// PerEndpoint is where one client's limit of concurrent attempts in this process starts
+	// (default 8); it adapts between 1 and 64 (see endpoints).
 	PerEndpoint int
 	// BreakerThreshold consecutive failures open a client's circuit (default 5).
 	BreakerThreshold int
@@ -426,11 +427,11 @@ func (n *Notifier) dispatch(ctx context.Context) {
 			n.inflight.Add(1)
 			wg.Go(func() {
 				r := n.attempt(ctx, c)
-				if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, time.Now()) {
+				if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, r.latency, time.Now()) {
 					n.m.breaker.Inc()
 					n.log.Warn("circuit opened for a failing webhook endpoint", "client", c.clientID, "status", r.status, "err", r.errText)
 				} else if r.aborted {
-					n.ep.release(c.clientID, true, time.Now())
+					n.ep.release(c.clientID, true, 0, time.Now())
 				}
 				n.inflight.Add(-1)
 				poke(n.slotFreed)

@@ -180,12 +180,12 @@ func TestEndpointsBreaker(t *testing.T) {
 	if b := es.busy(now); len(b) != 1 || b[0] != "a" {
 		t.Fatalf("busy = %v, want [a]", b)
 	}
-	es.release("a", false, now)
-	es.release("a", false, now)
+	es.release("a", false, 0, now)
+	es.release("a", false, 0, now)
 	if !es.acquire("a", now) {
 		t.Fatal("slot after release")
 	}
-	if !es.release("a", false, now) {
+	if !es.release("a", false, 0, now) {
 		t.Fatal("third consecutive failure should open the breaker")
 	}
 	if es.acquire("a", now.Add(999*time.Millisecond)) {
@@ -198,7 +198,7 @@ func TestEndpointsBreaker(t *testing.T) {
 	if es.acquire("a", probe) {
 		t.Fatal("half-open breaker let a second attempt beside the probe")
 	}
-	es.release("a", false, probe) // failed probe: cooldown doubles
+	es.release("a", false, 0, probe) // failed probe: cooldown doubles
 	if es.acquire("a", probe.Add(1500*time.Millisecond)) {
 		t.Fatal("cooldown did not double after a failed probe")
 	}
@@ -206,11 +206,54 @@ func TestEndpointsBreaker(t *testing.T) {
 	if !es.acquire("a", probe) {
 		t.Fatal("second probe refused")
 	}
-	es.release("a", true, probe)
+	es.release("a", true, 0, probe)
 	if !es.acquire("a", probe) || !es.acquire("a", probe) {
 		t.Fatal("a successful probe should close the breaker")
 	}
 	if !es.acquire("b", probe) {
 		t.Fatal("another endpoint was affected")
+	}
+}
+
+// A receiver that answers fast while using all its slots earns more, up to the cap; a
+// failure halves its limit and a slow answer gives a slot back; other endpoints keep theirs.
+func TestEndpointsAdaptiveLimit(t *testing.T) {
+	t.Parallel()
+	es := newEndpoints(8, 5, time.Second, 4*time.Second)
+	now := time.Unix(1000, 0)
+	fill := func(client string) int {
+		n := 0
+		for es.acquire(client, now) {
+			n++
+		}
+		return n
+	}
+	drain := func(client string, n int, ok bool, took time.Duration) {
+		for range n {
+			es.release(client, ok, took, now)
+		}
+	}
+	if n := fill("fast"); n != 8 {
+		t.Fatalf("a new endpoint took %d attempts, want 8", n)
+	}
+	for range 200 { // saturated rounds answered quickly
+		drain("fast", 1, true, time.Millisecond)
+		fill("fast")
+	}
+	drain("fast", maxPerEndpoint, true, time.Millisecond)
+	if n := fill("fast"); n != maxPerEndpoint {
+		t.Fatalf("a fast, saturated endpoint grew to %d slots, want the cap %d", n, maxPerEndpoint)
+	}
+	drain("fast", 1, false, time.Millisecond)
+	drain("fast", maxPerEndpoint-1, true, time.Millisecond)
+	if n := fill("fast"); n >= maxPerEndpoint || n < maxPerEndpoint/2 {
+		t.Fatalf("after a failure: %d slots, want fewer than the cap, at least half of it", n)
+	}
+	drain("fast", es.m["fast"].inflight, true, 2*time.Second) // slow answers
+	if n := fill("fast"); n >= maxPerEndpoint/2 {
+		t.Fatalf("slow answers left %d slots", n)
+	}
+	if n := fill("other"); n != 8 {
+		t.Fatalf("another endpoint got %d slots, want 8", n)
 	}
 }
