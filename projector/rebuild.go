@@ -670,19 +670,31 @@ func (w *rebuildWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fu
 		}
 		return fmt.Errorf("partition %d, READINGS up to seq %d: %d events: %w", w.p, last, len(bad), bad[0])
 	}
-	var c stateColumns
+	// Rows in w.rows are in the shadow (committed): updated in place (HOT, as the live
+	// projector does), the others inserted.
+	var upd, ins stateColumns
 	for _, id := range order {
-		c.add(id, w.p, changed[id])
+		if _, ok := w.rows[id]; ok {
+			upd.add(id, w.p, changed[id])
+		} else {
+			ins.add(id, w.p, changed[id])
+		}
 	}
 	err := inTx(ctx, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		if len(c.id) > 0 {
+		if len(upd.id) > 0 {
+			b.Queue(`UPDATE `+StateShadowTable+` s SET data = u.data, last_seen = u.last_seen,
+					last_reading_time = u.last_reading_time, changed_at = u.changed_at, revision = u.revision,
+					connection = u.connection, last_seq = u.last_seq
+				FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[], $8::bigint[])
+					AS u(sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+				WHERE s.sensor_id = u.sensor_id`,
+				upd.id, upd.data, upd.seen, upd.read, upd.changed, upd.rev, upd.conn, upd.seq)
+		}
+		if len(ins.id) > 0 {
 			b.Queue(`INSERT INTO `+StateShadowTable+` (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
-				SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])
-				ON CONFLICT (sensor_id) DO UPDATE SET data = excluded.data, last_seen = excluded.last_seen,
-					last_reading_time = excluded.last_reading_time, changed_at = excluded.changed_at, revision = excluded.revision,
-					connection = excluded.connection, last_seq = excluded.last_seq`,
-				c.id, c.part, c.data, c.seen, c.read, c.changed, c.rev, c.conn, c.seq)
+				SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])`,
+				ins.id, ins.part, ins.data, ins.seen, ins.read, ins.changed, ins.rev, ins.conn, ins.seq)
 		}
 		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, $3)
 			ON CONFLICT (projection, partition) DO UPDATE SET seq = excluded.seq, updated_at = now()`,
