@@ -313,7 +313,7 @@ func (r *StateRebuild) liveCheckpoints(ctx context.Context, q interface {
 // checkpoints (in partition order, as the projector takes them one at a time: no deadlock)
 // and sensor_state against writes.
 func (r *StateRebuild) swap(ctx context.Context, workers []*rebuildWorker) (string, error) {
-	old := StateOldTablePrefix + time.Now().UTC().Format("20060102150405")
+	old := StateOldTablePrefix + oldSuffix(time.Now())
 	err := pgx.BeginFunc(ctx, r.pg, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = `+strconv.FormatInt(r.cfg.LockTimeout.Milliseconds(), 10)); err != nil {
 			return fmt.Errorf("lock timeout: %w", err)
@@ -414,6 +414,13 @@ func indexRenames(ctx context.Context, tx pgx.Tx, old string) ([]string, error) 
 		}
 	}
 	return append(first, second...), nil
+}
+
+// oldSuffix names the tables a swap replaces by the time, to the millisecond, in an order
+// that sorts.
+func oldSuffix(t time.Time) string {
+	t = t.UTC()
+	return t.Format("20060102150405") + fmt.Sprintf("%03d", t.Nanosecond()/1e6)
 }
 
 // DropOldState drops the tables earlier swaps replaced and returns their names.

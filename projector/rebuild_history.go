@@ -117,7 +117,7 @@ func (r *HistoryRebuild) Run(ctx context.Context) (RebuildResult, error) {
 		}
 	}
 	phase.Store("swap")
-	suffix := "_old_" + time.Now().UTC().Format("20060102150405")
+	suffix := "_old_" + oldSuffix(time.Now())
 	var renames []string
 	for _, c := range copiers {
 		n := c.table.name

@@ -175,12 +175,20 @@ func TestStateRebuildEqualsLive(t *testing.T) {
 	e.waitCaughtUp(t, &pub, 60*time.Second)
 	checkStateAgainstModel(t, e, &pub)
 
+	// A second rebuild over the swapped-in table (its indexes renamed from the first shadow's).
+	res2, err := e.newRebuild(t, RebuildConfig{}).Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterRebuild(t, e, res2)
+	checkStateAgainstModel(t, e, &pub)
+
 	dropped, err := DropOldState(t.Context(), e.pg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(dropped) != 1 || dropped[0] != res.OldTable {
-		t.Errorf("dropped %v, want [%s]", dropped, res.OldTable)
+	if len(dropped) != 2 || dropped[0] != res.OldTable || dropped[1] != res2.OldTable {
+		t.Errorf("dropped %v, want [%s %s]", dropped, res.OldTable, res2.OldTable)
 	}
 }
 
