@@ -138,3 +138,41 @@ func TestHistoryRebuildRefusesTruncatedLog(t *testing.T) {
 }
 
 func jetstreamPurgeTo(seq uint64) jetstream.StreamPurgeOpt { return jetstream.WithPurgeSequence(seq) }
+
+// A history rebuild stopped halfway starts its shadows over on the next run and ends with
+// every reading exactly once.
+func TestHistoryRebuildStoppedAndRunAgain(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	logs := historyReadings(20, 6000, time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC), 0)
+	historyPublish(t, e.nats.JS, logs)
+	_, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	historyWaitRows(t, e.ch, 6000, 60*time.Second)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stoppedAt atomic.Uint64
+	r, err := NewHistoryRebuild(HistoryRebuildConfig{BatchSize: 100, ProgressEvery: time.Millisecond, Progress: func(p RebuildProgress) {
+		if p.Done > 0 && stoppedAt.CompareAndSwap(0, p.Done) {
+			cancel()
+		}
+	}}, e.nats.JS, e.ch, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("stopped history rebuild: %v, want context.Canceled (stopped after %d messages)", err, stoppedAt.Load())
+	}
+	r, err = NewHistoryRebuild(HistoryRebuildConfig{}, e.nats.JS, e.ch, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stopped after %d messages; second run %+v", stoppedAt.Load(), res)
+	historyWaitRows(t, e.ch, 6000, 30*time.Second)
+	historyCheckExactlyOnce(t, e.ch, logs, 1000)
+	stop()
+}
