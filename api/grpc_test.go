@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"errors"
+	"io"
 	"slices"
 	"testing"
 	"time"
@@ -269,6 +271,10 @@ func TestGRPCReflection(t *testing.T) {
 		if err := stream.Send(&grpc_reflection_v1.ServerReflectionRequest{
 			MessageRequest: &grpc_reflection_v1.ServerReflectionRequest_ListServices{ListServices: "*"},
 		}); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The server ended the stream (e.g. refused it): the status comes with Recv.
+				_, err = stream.Recv()
+			}
 			return nil, err
 		}
 		res, err := stream.Recv()
