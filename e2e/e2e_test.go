@@ -98,6 +98,7 @@ func start(t testing.TB, extraEnv ...string) *system {
 		"LOCKS_HTTP_ADDR="+s.http,
 		"LOCKS_GRPC_ADDR="+freeAddr(t),
 		"LOCKS_DATA_DIR="+t.TempDir(),
+		"LOCKS_NATS_LISTEN=127.0.0.1:0",
 		"LOCKS_API_TOKENS="+s.token,
 		"LOCKS_PARTITIONS=4",
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true",

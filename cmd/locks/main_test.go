@@ -27,7 +27,8 @@ func TestMain(m *testing.M) {
 func locksCmd(t *testing.T, env []string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(append(os.Environ(), "LOCKS_TEST_MAIN=1", "LOCKS_DATA_DIR="+t.TempDir()), env...)
+	// Tests run several systems at once: each embedded NATS on a free port.
+	cmd.Env = append(append(os.Environ(), "LOCKS_TEST_MAIN=1", "LOCKS_DATA_DIR="+t.TempDir(), "LOCKS_NATS_LISTEN=127.0.0.1:0"), env...)
 	return cmd
 }
 

@@ -82,7 +82,9 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 		return nil
 	}
 	if cfg.NATSURL == "" {
-		return &config.Error{Var: "LOCKS_NATS_URL", Value: "", Reason: "replay reads the log from a running NATS server; the embedded one of `locks run` is not reachable from here"}
+		// The embedded server of `locks run` listens on LOCKS_NATS_LISTEN.
+		cfg.NATSURL = "nats://" + cfg.NATSListen
+		log.Info("LOCKS_NATS_URL is empty: reading the log from the embedded NATS server of `locks run`", "url", cfg.NATSURL)
 	}
 	nc, err := natsx.Connect(cfg.NATSURL, "locks-replay", log)
 	if err != nil {

@@ -227,7 +227,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
 		}
-		embedded, err = natsx.Embedded(cfg.DataDir, -1, log)
+		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, log)
 		if err != nil {
 			return err
 		}

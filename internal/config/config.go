@@ -22,6 +22,7 @@ type Config struct {
 	PostgresURL         string
 	ClickHouseURL       string
 	NATSURL             string
+	NATSListen          string
 	DataDir             string
 	HTTPAddr            string
 	GRPCAddr            string
@@ -140,6 +141,7 @@ func settings() []setting {
 			c.NATSURL = v
 			return nil
 		}},
+		{"LOCKS_NATS_LISTEN", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)", addr(func(c *Config) *string { return &c.NATSListen })},
 		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state", str(func(c *Config) *string { return &c.DataDir })},
 		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /metrics, /healthz, /readyz", addr(func(c *Config) *string { return &c.HTTPAddr })},
 		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},

@@ -33,6 +33,7 @@ func TestBadValuesNameTheVariable(t *testing.T) {
 		"LOCKS_AMQP_URL":              "::",
 		"LOCKS_NATS_URL":              "http://x",
 		"LOCKS_HTTP_ADDR":             "8080",
+		"LOCKS_NATS_LISTEN":           "4222",
 		"LOCKS_RETRY_SCHEDULE":        "1s,-2s",
 		"LOCKS_WEBHOOK_TIMEOUT":       "0s",
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE": "maybe",

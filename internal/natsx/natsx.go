@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -171,12 +172,23 @@ func transformString(t *jetstream.SubjectTransformConfig) string {
 	return t.Source + " → " + t.Destination
 }
 
-// Embedded runs a NATS server with JetStream in this process, storing under dir.
-// port 0 picks the standard 4222; -1 picks a free port.
-func Embedded(dir string, port int, log *slog.Logger) (*server.Server, error) {
+// Embedded runs a NATS server with JetStream in this process, storing under dir and
+// listening on listen (host:port; port 0 picks a free port).
+func Embedded(dir, listen string, log *slog.Logger) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS address %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS address %q: bad port", listen)
+	}
+	if port == 0 {
+		port = -1 // nats-server: -1 is a random port, 0 the default 4222
+	}
 	opts := &server.Options{
 		ServerName: "locks-embedded",
-		Host:       "127.0.0.1",
+		Host:       host,
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   filepath.Join(dir, "jetstream"),
