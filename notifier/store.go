@@ -102,7 +102,8 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 }
 
 // supersede marks as superseded the pending rows that already failed at least once (they
-// wait for a retry) and have a newer revision, restricted to
+// wait for a retry) or whose attempt is in flight (flagged: superseded if it fails), and
+// have a newer revision, restricted to
 // the given (client, sensor) keys, or everywhere when clients is nil. A row whose attempt is
 // in flight is flagged instead, and superseded when its attempt ends unless delivered. The
 // flag is set by an UPDATE of the row, so it serialises with the finishing UPDATE on the
@@ -111,7 +112,7 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	q := `UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		WHERE d.state = 'pending' AND d.attempts > 0
+		WHERE d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
 	args := []any{}
@@ -212,8 +213,9 @@ type capacity struct {
 }
 
 // claim leases up to limit eligible rows, within each client's capacity, earliest due
-// first. It looks at the window of the earliest 4×limit due rows only, so that a large
-// backlog does not make every claim scan it. It is two statements in one transaction: the
+// first. It looks at the window of the earliest 4×limit due and unblocked rows only (rows
+// waiting for a lower revision of their key are skipped while the window fills), so that a
+// large backlog does not make every claim scan it. It is two statements in one transaction: the
 // first picks candidates and takes a transaction-scoped advisory lock per (client, sensor)
 // (pg_try_advisory_xact_lock: a key another claimer holds is skipped, not waited for — the
 // SKIP LOCKED of keys); the second leases them, re-checking eligibility with a snapshot
@@ -238,11 +240,11 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 					SELECT d.id, d.client_id, d.sensor_id, d.revision, d.next_at, coalesce(f.free, $2) AS free,
 					       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
 					FROM (SELECT * FROM notifier_deliveries d
-					      WHERE `+claimable+` AND NOT (d.client_id = ANY($1::text[]))
+					      WHERE `+claimable+` AND NOT (d.client_id = ANY($1::text[])) AND `+unblocked+`
 					      ORDER BY d.next_at, d.id LIMIT $4) d
 					LEFT JOIN unnest($5::text[], $6::int[]) AS f(client_id, free) ON f.client_id = d.client_id
 				) d
-				WHERE rn <= free AND `+unblocked+`
+				WHERE rn <= free
 				ORDER BY next_at, id LIMIT $3
 			) x
 			WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
