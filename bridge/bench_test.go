@@ -1,9 +1,10 @@
 package bridge
 
 import (
-	dto "github.com/prometheus/client_model/go"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 var base = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
@@ -107,7 +108,7 @@ func TestBridgeOneInvalidInTen(t *testing.T) {
 	}
 	e.publish(t, msgs)
 	stop := e.start(t, Config{Prefetch: 50})
-	eventually(t, time.Minute, "all messages handled", func() bool {
+	testenv.Eventually(t, time.Minute, "all messages handled", func() bool {
 		return e.streamMsgs(t) == uint64(len(want)) && e.queueReady(t, e.queue+".invalid") == n/10
 	})
 	e.quiesce(t)
@@ -176,7 +177,7 @@ func TestBridgeRedeliveryAfterCrash(t *testing.T) {
 	t.Logf("READINGS holds %d of %d after the crash", afterCrash, n)
 
 	stop := e.start(t, Config{Prefetch: 100})
-	eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= uint64(n) })
+	testenv.Eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= uint64(n) })
 	e.quiesce(t)
 	stop()
 	if got := e.queueReady(t, e.queue); got != 0 {
@@ -219,14 +220,14 @@ func TestBridgeNATSRestart(t *testing.T) {
 	}
 	e.publish(t, msgs)
 	stop := e.start(t, Config{PublishTimeout: 2 * time.Second})
-	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
+	testenv.Eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
 	before := e.streamMsgs(t)
 	e.nats.Restart(500 * time.Millisecond)
 	t.Logf("NATS restarted with %d of %d readings appended", before, n)
 	if before >= uint64(n) {
 		t.Fatal("the run ended before the restart")
 	}
-	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= uint64(n) })
+	testenv.Eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= uint64(n) })
 	e.quiesce(t)
 	stop()
 	if got := e.queueReady(t, e.queue); got != 0 {
@@ -251,7 +252,7 @@ func TestBridgeRabbitMQRestart(t *testing.T) {
 	}
 	e.publish(t, msgs)
 	stop := e.start(t, Config{})
-	eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
+	testenv.Eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
 	before := e.streamMsgs(t)
 	node.restart()
 	t.Logf("RabbitMQ restarted with %d of %d readings appended", before, n)
@@ -259,7 +260,7 @@ func TestBridgeRabbitMQRestart(t *testing.T) {
 		t.Fatal("the run ended before the restart")
 	}
 	e.connectAMQP(t)
-	eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= uint64(n) })
+	testenv.Eventually(t, 2*time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= uint64(n) })
 	e.quiesce(t)
 	stop()
 	if got := e.queueReady(t, e.queue); got != 0 {
@@ -278,7 +279,7 @@ func (e *env) quiesce(t *testing.T) {
 	t.Helper()
 	var last float64 = -1
 	var since time.Time
-	eventually(t, time.Minute, "bridge idle with the queue empty", func() bool {
+	testenv.Eventually(t, time.Minute, "bridge idle with the queue empty", func() bool {
 		acc := metricValue(e.bridge.m.accepted)
 		if e.queueReady(t, e.queue) != 0 || metricValue(e.bridge.m.inFlight) != 0 || acc != last {
 			last, since = acc, time.Now()
@@ -306,12 +307,12 @@ func TestBridgeInvalidQueueDeleted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
 	e.start(t, Config{})
-	eventually(t, 30*time.Second, "bridge connected", func() bool { return metricValue(e.bridge.m.connects) == 1 })
+	testenv.Eventually(t, 30*time.Second, "bridge connected", func() bool { return metricValue(e.bridge.m.connects) == 1 })
 	if _, err := e.ch.QueueDelete(e.queue+".invalid", false, false, false); err != nil {
 		t.Fatal(err)
 	}
 	e.publish(t, []amqp.Publishing{{Body: []byte(`{"sensor_id":"s1","data":7}`)}, reading(1, 1)})
-	eventually(t, 30*time.Second, "invalid message in the redeclared invalid queue", func() bool {
+	testenv.Eventually(t, 30*time.Second, "invalid message in the redeclared invalid queue", func() bool {
 		q, err := e.ch.QueueDeclarePassive(e.queue+".invalid", true, false, false, false, nil)
 		if err != nil { // a failed passive declare closes the channel: open another
 			e.ch, _ = e.ch2(t)
@@ -352,7 +353,7 @@ func TestBridgeQuorumQueue(t *testing.T) {
 	}
 	e.publish(t, msgs)
 	stop := e.start(t, Config{})
-	eventually(t, 30*time.Second, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
+	testenv.Eventually(t, 30*time.Second, "all readings appended", func() bool { return e.streamMsgs(t) >= n })
 	e.quiesce(t)
 	stop()
 	checkExactlyOnce(t, e, want, sensors)

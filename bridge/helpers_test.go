@@ -185,27 +185,7 @@ func (e *env) start(t testing.TB, cfg Config) (stop func()) {
 		t.Fatal(err)
 	}
 	e.bridge = b
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("bridge did not stop within 30s")
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return testenv.RunPart(t, "bridge", b.Run, 30*time.Second)
 }
 
 func (e *env) streamMsgs(t testing.TB) uint64 {
@@ -266,16 +246,6 @@ func (e *env) readings(t testing.TB) ([]event.Log, []string) {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // rabbitNode is a private RabbitMQ node (own name, ports, data and log dirs, no plugins),
 // so a test may kill and restart it without touching the shared server.

@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -46,16 +45,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // system is one `locks run --targets=all` process on private databases and queues.
 type system struct {
 	t      testing.TB
@@ -87,7 +76,7 @@ func start(t testing.TB, extraEnv ...string) *system {
 	t.Helper()
 	chDB := testenv.Name("locks_e2e")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	s := &system{t: t, pgURL: testenv.PostgresURL(t), http: freeAddr(t), token: "e2e-token-0123456789",
+	s := &system{t: t, pgURL: testenv.PostgresURL(t), http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
 		rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
 	cmd := exec.Command(locksBin, "run", "--targets=all")
 	cmd.Env = append(os.Environ(),
@@ -96,7 +85,7 @@ func start(t testing.TB, extraEnv ...string) *system {
 		"LOCKS_AMQP_URL="+s.rabbit.URL,
 		"LOCKS_AMQP_QUEUE="+s.rabbit.Queue,
 		"LOCKS_HTTP_ADDR="+s.http,
-		"LOCKS_GRPC_ADDR="+freeAddr(t),
+		"LOCKS_GRPC_ADDR="+testenv.FreeAddr(t),
 		"LOCKS_DATA_DIR="+t.TempDir(),
 		"LOCKS_NATS_LISTEN=127.0.0.1:0",
 		"LOCKS_API_TOKENS="+s.token,

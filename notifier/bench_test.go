@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // BenchmarkDeliveries measures deliveries per second to a fast local receiver: 50 clients
@@ -42,7 +43,7 @@ func BenchmarkDeliveries(b *testing.B) {
 		}
 		e.publish(evs...)
 		want := int64((i + 1) * clients * sensors)
-		waitFor(b, 5*time.Minute, "deliveries", func() bool { return got.Load() >= want })
+		testenv.Eventually(b, 5*time.Minute, "deliveries", func() bool { return got.Load() >= want })
 	}
 	el := time.Since(start)
 	b.StopTimer()
@@ -119,7 +120,7 @@ func BenchmarkLatency(b *testing.B) {
 					}
 				}
 				tick.Stop()
-				waitFor(b, time.Minute, "healthy deliveries", func() bool {
+				testenv.Eventually(b, time.Minute, "healthy deliveries", func() bool {
 					mu.Lock()
 					defer mu.Unlock()
 					for id := range sent {

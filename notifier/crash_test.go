@@ -12,6 +12,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // child is the notifier running in a child process (see TestMain).
@@ -113,7 +114,7 @@ func TestCrashAndNATSRestart(t *testing.T) {
 			e.subscribe("c1", "s1")
 			first := e.child("1500ms", tc.crash)
 			e.publish(testEvent("s1", 1, 1))
-			waitFor(t, 15*time.Second, "the child to die at "+tc.crash, first.exited)
+			testenv.Eventually(t, 15*time.Second, "the child to die at "+tc.crash, first.exited)
 			if first.code != crashpoint.ExitCode {
 				t.Fatalf("child exited with %d, want %d (crash point %s)", first.code, crashpoint.ExitCode, tc.crash)
 			}
@@ -124,8 +125,8 @@ func TestCrashAndNATSRestart(t *testing.T) {
 			e.nats.Restart(300 * time.Millisecond)
 
 			second := e.child("1500ms", "")
-			waitFor(t, 20*time.Second, "the delivery after the restarts", func() bool { return rc.count() >= tc.wantHits })
-			waitFor(t, 10*time.Second, "the attempt records", func() bool { return len(e.records("c1")) >= tc.wantHits })
+			testenv.Eventually(t, 20*time.Second, "the delivery after the restarts", func() bool { return rc.count() >= tc.wantHits })
+			testenv.Eventually(t, 10*time.Second, "the attempt records", func() bool { return len(e.records("c1")) >= tc.wantHits })
 			time.Sleep(2 * time.Second) // a doubled attempt or record would show by now
 			if got := rc.count(); got != tc.wantHits {
 				t.Fatalf("receiver got %d requests, want exactly %d", got, tc.wantHits)
@@ -165,11 +166,11 @@ func TestNATSRestartWhileRunning(t *testing.T) {
 	e.subscribe("c1", "s1")
 	e.start(Options{})
 	e.publish(testEvent("s1", 1, 1))
-	waitFor(t, 10*time.Second, "first delivery", func() bool { return rc.count() == 1 })
+	testenv.Eventually(t, 10*time.Second, "first delivery", func() bool { return rc.count() == 1 })
 	e.nats.Restart(300 * time.Millisecond)
 	e.publish(testEvent("s1", 2, 0))
-	waitFor(t, 20*time.Second, "delivery after the restart", func() bool { return rc.count() == 2 })
-	waitFor(t, 10*time.Second, "records", func() bool { return len(e.records("c1")) == 2 })
+	testenv.Eventually(t, 20*time.Second, "delivery after the restart", func() bool { return rc.count() == 2 })
+	testenv.Eventually(t, 10*time.Second, "records", func() bool { return len(e.records("c1")) == 2 })
 	if got := outcomes(e.records("c1")); got != "1:delivered,1:delivered" {
 		t.Fatalf("records %s", got)
 	}

@@ -122,20 +122,7 @@ func (e *env) start(opt Options) *Notifier {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- n.Run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				e.t.Errorf("Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			e.t.Errorf("notifier did not stop within 20s")
-		}
-	})
+	testenv.RunPart(e.t, "notifier", n.Run, 20*time.Second)
 	return n
 }
 
@@ -246,16 +233,6 @@ func outcomes(recs []event.Attempt) string {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // hit is one request a receiver got.
 type hit struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // TestRetryThenSuccess: a receiver failing twice then succeeding gets the same webhook-id
@@ -36,8 +37,8 @@ func TestRetryThenSuccess(t *testing.T) {
 	ev := testEvent("s1", 1, 1)
 	e.publish(ev)
 
-	waitFor(t, 15*time.Second, "3 attempts", func() bool { return rc.count() >= 3 })
-	waitFor(t, 10*time.Second, "3 attempt records", func() bool { return len(e.records("c1")) >= 3 })
+	testenv.Eventually(t, 15*time.Second, "3 attempts", func() bool { return rc.count() >= 3 })
+	testenv.Eventually(t, 10*time.Second, "3 attempt records", func() bool { return len(e.records("c1")) >= 3 })
 	hs := rc.got()
 	if len(hs) != 3 {
 		t.Fatalf("receiver got %d requests, want 3", len(hs))
@@ -167,10 +168,10 @@ func TestRegistryChangesBetweenAttempts(t *testing.T) {
 			e.subscribe("c1", "s1")
 			e.start(Options{})
 			e.publish(testEvent("s1", 1, 0))
-			waitFor(t, 10*time.Second, "first attempt", func() bool { return oldRc.count() >= 1 })
+			testenv.Eventually(t, 10*time.Second, "first attempt", func() bool { return oldRc.count() >= 1 })
 			tc.change(e, newRc.URL)
 			changed.Store(true)
-			waitFor(t, 10*time.Second, "the next attempt's record", func() bool { return len(e.records("c1")) >= 2 })
+			testenv.Eventually(t, 10*time.Second, "the next attempt's record", func() bool { return len(e.records("c1")) >= 2 })
 			time.Sleep(1500 * time.Millisecond) // past the remaining schedule: nothing more may come
 			recs := e.records("c1")
 			if oldRc.count() != tc.old || newRc.count() != tc.new {
@@ -200,12 +201,12 @@ func TestSupersedeWhileDown(t *testing.T) {
 	e.subscribe("c1", "s1")
 	e.start(Options{})
 	e.publish(testEvent("s1", 1, 1))
-	waitFor(t, 10*time.Second, "first attempt", func() bool { return rc.count() >= 1 })
+	testenv.Eventually(t, 10*time.Second, "first attempt", func() bool { return rc.count() >= 1 })
 	e.publish(testEvent("s1", 2, 0))
 	e.publish(testEvent("s1", 3, 1))
 	time.Sleep(200 * time.Millisecond)
 	up.Store(true)
-	waitFor(t, 15*time.Second, "revision 3 delivered", func() bool {
+	testenv.Eventually(t, 15*time.Second, "revision 3 delivered", func() bool {
 		for _, h := range rc.got() {
 			if h.status == http.StatusOK && bodyOf(t, h).Revision == 3 {
 				return true
@@ -259,7 +260,7 @@ func TestRotationSignsWithBoth(t *testing.T) {
 			e.subscribe("c1", "s1")
 			e.start(Options{})
 			e.publish(testEvent("s1", 1, 1))
-			waitFor(t, 10*time.Second, "delivery", func() bool { return rc.count() >= 1 })
+			testenv.Eventually(t, 10*time.Second, "delivery", func() bool { return rc.count() >= 1 })
 			got := verify(t, rc.got()[0], secret, previous)
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("signatures matched secrets %v, want %v (header %q)", got, tc.want, rc.got()[0].header.Get("webhook-signature"))
@@ -287,7 +288,7 @@ func TestDeadAndRedrive(t *testing.T) {
 	e.subscribe("c1", "s2")
 	e.start(Options{BreakerThreshold: 100})
 	e.publish(testEvent("s1", 1, 1), testEvent("s2", 1, 1))
-	waitFor(t, 10*time.Second, "two dead deliveries", func() bool {
+	testenv.Eventually(t, 10*time.Second, "two dead deliveries", func() bool {
 		d, err := ListDead(t.Context(), e.pool, "c1", 0, 10)
 		return err == nil && len(d) == 2
 	})
@@ -295,7 +296,7 @@ func TestDeadAndRedrive(t *testing.T) {
 	// must not be redriven.
 	up.Store(true)
 	e.publish(testEvent("s2", 2, 0))
-	waitFor(t, 10*time.Second, "s2 revision 2", func() bool { return rc.count() >= 5 })
+	testenv.Eventually(t, 10*time.Second, "s2 revision 2", func() bool { return rc.count() >= 5 })
 	dead, err := ListDead(t.Context(), e.pool, "c1", 0, 10)
 	if err != nil || len(dead) != 2 || dead[0].Attempts != 2 || dead[0].LastStatus != http.StatusGone || dead[0].Event.ID == "" {
 		t.Fatalf("dead %+v, err %v", dead, err)
@@ -304,7 +305,7 @@ func TestDeadAndRedrive(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Redrive = %d, %v; want 1 (s1 only)", n, err)
 	}
-	waitFor(t, 10*time.Second, "the redriven delivery", func() bool { return rc.count() >= 6 })
+	testenv.Eventually(t, 10*time.Second, "the redriven delivery", func() bool { return rc.count() >= 6 })
 	time.Sleep(500 * time.Millisecond)
 	hs := rc.got()
 	if len(hs) != 6 {
@@ -313,7 +314,7 @@ func TestDeadAndRedrive(t *testing.T) {
 	if b := bodyOf(t, hs[5]); b.Sensor.ID != "s1" || b.Revision != 1 {
 		t.Fatalf("redriven %s, want s1 revision 1", hs[5].body)
 	}
-	waitFor(t, 10*time.Second, "records", func() bool {
+	testenv.Eventually(t, 10*time.Second, "records", func() bool {
 		for _, a := range e.records("c1") {
 			if a.SensorID == "s1" && a.Attempt == 3 && a.Outcome == event.OutcomeDelivered {
 				return true
@@ -346,14 +347,14 @@ func TestHangingReceiverIsolation(t *testing.T) {
 		evs = append(evs, testEvent(fmt.Sprintf("h%d", i), 1, 1))
 	}
 	e.publish(evs...)
-	waitFor(t, 15*time.Second, "1,000 deliveries pending for the hanging client", func() bool {
+	testenv.Eventually(t, 15*time.Second, "1,000 deliveries pending for the hanging client", func() bool {
 		var n int
 		_ = e.pool.QueryRow(t.Context(), `SELECT count(*) FROM notifier_deliveries WHERE client_id = 'hang' AND state = 'pending'`).Scan(&n)
 		return n == 1000 && hang.count() >= 4
 	})
 	start := time.Now()
 	e.publish(testEvent("f1", 1, 0))
-	waitFor(t, 5*time.Second, "the other client's delivery", func() bool { return fast.count() >= 1 })
+	testenv.Eventually(t, 5*time.Second, "the other client's delivery", func() bool { return fast.count() >= 1 })
 	took := fast.got()[0].at.Sub(start)
 	t.Logf("other client's delivery arrived %s after its event was appended; hanging receiver has %d requests open", took, hang.count())
 	if took > time.Second {
@@ -381,7 +382,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	e.subscribe("c1", "s1")
 	e.start(Options{})
 	e.publish(testEvent("s1", 1, 1))
-	waitFor(t, 10*time.Second, "second attempt", func() bool { return rc.count() >= 2 })
+	testenv.Eventually(t, 10*time.Second, "second attempt", func() bool { return rc.count() >= 2 })
 	hs := rc.got()
 	if gap := hs[1].at.Sub(hs[0].at); gap < time.Second || gap > 2500*time.Millisecond {
 		t.Fatalf("gap after a 429 with Retry-After: 1 is %s, want about 1s (the schedule says 200ms)", gap)
@@ -441,7 +442,7 @@ func TestTwoNotifiersShareWork(t *testing.T) {
 		}
 		return true
 	}
-	waitFor(t, 20*time.Second, "every newest revision delivered", done)
+	testenv.Eventually(t, 20*time.Second, "every newest revision delivered", done)
 	time.Sleep(500 * time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
@@ -485,8 +486,8 @@ func TestSameEventTwice(t *testing.T) {
 		jetstream.WithMsgID(ev.ID+"-again")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "delivery", func() bool { return rc.count() >= 1 })
-	waitFor(t, 10*time.Second, "both messages consumed", func() bool {
+	testenv.Eventually(t, 10*time.Second, "delivery", func() bool { return rc.count() >= 1 })
+	testenv.Eventually(t, 10*time.Second, "both messages consumed", func() bool {
 		for p := 0; p < testPartitions; p++ {
 			c, err := e.nats.JS.Consumer(t.Context(), natsx.EventsStream, fmt.Sprintf("notifier-%d", p))
 			if err != nil {

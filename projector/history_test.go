@@ -232,24 +232,7 @@ func runHistory(t testing.TB, cfg HistoryConfig, js jetstream.JetStream, ch driv
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("history Run: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Error("history projector did not stop within 20s")
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop := testenv.RunPart(t, "history projector", h.Run, 20*time.Second)
 	return h, stop
 }
 

@@ -132,27 +132,7 @@ func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partitio
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("State.Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("State.Run did not stop within 20s")
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	return testenv.RunPart(t, "State", s.Run, 20*time.Second)
 }
 
 // waitCaughtUp waits until every partition's checkpoint reaches its last sequence and the

@@ -185,24 +185,7 @@ func (e *env) start(cfg Config) (*Watchdog, *prometheus.Registry, func()) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					e.t.Errorf("watchdog Run: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				e.t.Error("watchdog did not stop within 20s")
-			}
-		})
-	}
-	e.t.Cleanup(stop)
+	stop := testenv.RunPart(e.t, "watchdog", w.Run, 20*time.Second)
 	return w, reg, stop
 }
 

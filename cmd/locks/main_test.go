@@ -32,16 +32,6 @@ func locksCmd(t *testing.T, env []string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func TestBadConfigurationExits2NamingTheVariable(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -78,7 +68,7 @@ func TestBadConfigurationExits2NamingTheVariable(t *testing.T) {
 
 func TestUnreachablePostgresFailsFastNamingTheVariable(t *testing.T) {
 	t.Parallel()
-	cmd := locksCmd(t, []string{"LOCKS_POSTGRES_URL=postgres://nobody@127.0.0.1:1/x", "LOCKS_HTTP_ADDR=" + freeAddr(t)}, "run")
+	cmd := locksCmd(t, []string{"LOCKS_POSTGRES_URL=postgres://nobody@127.0.0.1:1/x", "LOCKS_HTTP_ADDR=" + testenv.FreeAddr(t)}, "run")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	start := time.Now()
@@ -114,7 +104,7 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	pgURL := testenv.PostgresURL(t)
 	chDB := testenv.Name("locks_run")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	http1, grpc1 := freeAddr(t), freeAddr(t)
+	http1, grpc1 := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	rabbit := testenv.RabbitMQ(t)
 	cmd := locksCmd(t, []string{
 		"LOCKS_POSTGRES_URL=" + pgURL,

@@ -318,3 +318,52 @@ func ClickHouse(t testing.TB) (string, driver.Conn) {
 	})
 	return u, conn
 }
+
+// Eventually polls cond every 20 ms until it holds, and fails t if it does not within d.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// FreeAddr is a loopback address with a port free at the time of the call.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// RunPart runs a part's Run in the background until the returned stop is called or the
+// test ends; stop cancels it and fails t if Run returns an error or does not return
+// within grace.
+func RunPart(t testing.TB, name string, run func(context.Context) error, grace time.Duration) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s: Run: %v", name, err)
+				}
+			case <-time.After(grace):
+				t.Errorf("%s did not stop within %s", name, grace)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
