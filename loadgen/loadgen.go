@@ -38,6 +38,15 @@ type Config struct {
 	// Prefix names the sensors: <Prefix><n>. Letters and digits only.
 	Prefix string
 	Seed   uint64
+	// Live, if not nil, gets the run's counts as it goes, for a progress line or a time series.
+	Live *Live
+}
+
+// Live are the counts of a run in progress, read while it goes on.
+type Live struct {
+	Published atomic.Int64 // confirmed by RabbitMQ
+	Invalid   atomic.Int64 // sent invalid (counted when sent)
+	Changes   atomic.Int64 // state changes the sent readings make (counted when sent)
 }
 
 // Validate says what is wrong with c, naming the flag.
@@ -109,7 +118,12 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 		b.Silent = append(b.Silent, SensorID(c.Prefix, n))
 	}
 
-	var published atomic.Int64
+	live := c.Live
+	if live == nil {
+		live = new(Live)
+	}
+	published := &live.Published
+	base := published.Load()
 	stopProgress := make(chan struct{})
 	defer close(stopProgress)
 	if progress != nil {
@@ -122,7 +136,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 				case <-stopProgress:
 					return
 				case now := <-t.C:
-					p := published.Load()
+					p := published.Load() - base
 					fmt.Fprintf(progress, "\rloadgen: %d published, %.0f/s, %s elapsed   ",
 						p, float64(p-last)/now.Sub(lastT).Seconds(), now.Sub(b.Start).Round(time.Second))
 					last, lastT = p, now
@@ -142,8 +156,8 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 			if !ok {
 				return errors.New("loadgen: RabbitMQ refused a message (nack)")
 			}
+			published.Add(1)
 		}
-		published.Add(int64(len(pending)))
 		pending = pending[:0]
 		return nil
 	}
@@ -180,6 +194,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 		if rng.Float64() < c.InvalidRatio {
 			body = fmt.Appendf(nil, `{"sensor_id":"bad sensor %d","data":1}`, i)
 			b.Invalid++
+			live.Invalid.Add(1)
 		} else {
 			id := SensorID(c.Prefix, order(valid))
 			valid++
@@ -188,9 +203,11 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 			if !seen {
 				d = uint8(rng.IntN(2))
 				b.Changes++
+				live.Changes.Add(1)
 			} else if rng.Float64() < c.ChangeRatio {
 				d = 1 - prev
 				b.Changes++
+				live.Changes.Add(1)
 			}
 			b.Last[id] = d
 			body = fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))
@@ -213,7 +230,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	if err := flush(); err != nil {
 		return b, err
 	}
-	b.Published = published.Load()
+	b.Published = published.Load() - base
 	b.End = time.Now()
 	if progress != nil {
 		fmt.Fprintln(progress)

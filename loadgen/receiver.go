@@ -34,6 +34,7 @@ type Receiver struct {
 	lost       map[string]int64 // sensor → connection_lost count
 	lostAt     map[string]time.Time
 	latencies  []time.Duration // state_changed: receipt − occurred_at
+	received   int64           // distinct webhooks with a valid signature
 }
 
 // NewReceiver listens on addr (e.g. 127.0.0.1:0).
@@ -98,6 +99,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.seen[id] = true
+	r.received++
 	r.byType[p.Type]++
 	switch p.Type {
 	case "sensor.connection_lost":
@@ -115,6 +117,7 @@ type Tally struct {
 	ByType     map[string]int64
 	Lost       map[string]int64
 	LostAt     map[string]time.Time // first connection_lost of each sensor
+	Received   int64 // distinct webhooks, correctly signed
 	Duplicates int64
 	BadSig     int64
 	// P50, P95, P99 of publish → webhook receipt for state_changed.
@@ -125,7 +128,7 @@ type Tally struct {
 func (r *Receiver) Tally() Tally {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig}
+	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig, Received: r.received}
 	for k, v := range r.lostAt {
 		t.LostAt[k] = v
 	}
@@ -142,6 +145,25 @@ func (r *Receiver) Tally() Tally {
 		t.P50, t.P95, t.P99 = q(0.5), q(0.95), q(0.99)
 	}
 	return t
+}
+
+// Latencies returns the publish → receipt latencies of the state_changed webhooks received
+// after the first `from` of them (in receipt order), and how many there are in all: a time
+// series takes each second's share with from = the previous call's total.
+func (r *Receiver) Latencies(from int) ([]time.Duration, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if from > len(r.latencies) {
+		from = len(r.latencies)
+	}
+	return slices.Clone(r.latencies[from:]), len(r.latencies)
+}
+
+// Counts returns the distinct webhooks received so far and the duplicates.
+func (r *Receiver) Counts() (received, duplicates int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.received, r.duplicates
 }
 
 // Register creates a client for the receiver through the admin API at apiURL, registers the
