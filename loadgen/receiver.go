@@ -117,7 +117,7 @@ type Tally struct {
 	ByType     map[string]int64
 	Lost       map[string]int64
 	LostAt     map[string]time.Time // first connection_lost of each sensor
-	Received   int64 // distinct webhooks, correctly signed
+	Received   int64                // distinct webhooks, correctly signed
 	Duplicates int64
 	BadSig     int64
 	// P50, P95, P99 of publish → webhook receipt for state_changed.
