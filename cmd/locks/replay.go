@@ -23,6 +23,7 @@ import (
 type replayOptions struct {
 	projection string
 	fromSeq    uint64
+	fromTime   string
 	batch      int
 	dropOld    bool
 }
@@ -31,6 +32,7 @@ func replayFlags(fs *flag.FlagSet) *replayOptions {
 	o := &replayOptions{}
 	fs.StringVar(&o.projection, "projection", "state", "projection to rebuild from the log: state, history or all")
 	fs.Uint64Var(&o.fromSeq, "from-seq", 0, "start at this READINGS sequence; required when the stream no longer holds its start")
+	fs.StringVar(&o.fromTime, "from-time", "", "start at the first READINGS message stored at or after this time (RFC 3339); excludes --from-seq")
 	fs.IntVar(&o.batch, "batch-size", 5000, "READINGS messages per shadow transaction")
 	fs.BoolVar(&o.dropOld, "drop-old", false, "drop the tables earlier rebuilds replaced, and do nothing else")
 	return o
@@ -42,6 +44,16 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	doState, doHistory := o.projection == projector.StateProjection || o.projection == "all", o.projection == "history" || o.projection == "all"
 	if !doState && !doHistory {
 		return &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
+	}
+	var fromTime time.Time
+	if o.fromTime != "" {
+		if o.fromSeq != 0 {
+			return &config.Error{Var: "--from-time", Value: o.fromTime, Reason: "--from-seq and --from-time exclude each other: give one"}
+		}
+		var err error
+		if fromTime, err = time.Parse(time.RFC3339Nano, o.fromTime); err != nil {
+			return &config.Error{Var: "--from-time", Value: o.fromTime, Reason: "want an RFC 3339 time such as 2026-11-22T10:00:00Z"}
+		}
 	}
 	var pool *pgxpool.Pool
 	if doState {
@@ -94,6 +106,12 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
+	}
+	if !fromTime.IsZero() {
+		if o.fromSeq, err = projector.ResolveFromTime(ctx, js, fromTime); err != nil {
+			return fmt.Errorf("--from-time=%s: %w", o.fromTime, err)
+		}
+		log.Info("--from-time resolved to the first READINGS message at or after it", "from_time", o.fromTime, "from_seq", o.fromSeq)
 	}
 	var tty *os.File
 	if f, ok := stderr.(*os.File); ok {

@@ -57,3 +57,58 @@ func TestReplayCommand(t *testing.T) {
 		t.Errorf("%d sensor_state tables after replay and --drop-old, want 1", old)
 	}
 }
+
+// --from-time resolves to the first READINGS message stored at or after the time and then
+// behaves as --from-seq; it excludes --from-seq, and a time after the last message fails
+// before anything is written.
+func TestReplayFromTime(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	pgURL, _ := testenv.Postgres(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 2, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	var stored []time.Time
+	for i := range 3 {
+		b, _ := json.Marshal(event.Log{V: event.Version, Kind: event.KindReading, SensorID: "s1", Data: uint8(i % 2), Time: at, ReceivedTime: at})
+		ack, err := ns.JS.PublishMsg(t.Context(), &nats.Msg{Subject: natsx.ReadingsSubject("s1"), Data: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := ns.JS.Stream(t.Context(), natsx.ReadingsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.GetMsg(t.Context(), ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, m.Time)
+		// The next message is stored strictly later.
+		for !time.Now().After(m.Time.Add(2 * time.Millisecond)) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	env := map[string]string{"LOCKS_NATS_URL": ns.URL, "LOCKS_POSTGRES_URL": pgURL, "LOCKS_PARTITIONS": "2"}
+	getenv := func(k string) string { return env[k] }
+	rfc := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"both flags", []string{"replay", "--from-seq=2", "--from-time=" + rfc(stored[1])}, 2, "--from-seq and --from-time exclude each other"},
+		{"not RFC 3339", []string{"replay", "--from-time=yesterday"}, 2, "want an RFC 3339 time"},
+		{"after the log", []string{"replay", "--from-time=" + rfc(stored[2].Add(time.Hour))}, 1, "no message at or after"},
+		{"the second message", []string{"replay", "--from-time=" + rfc(stored[1])}, 0, "from_seq=2"},
+		{"just before the third", []string{"replay", "--from-time=" + rfc(stored[2].Add(-time.Microsecond))}, 0, "from_seq=3"},
+		{"before the log", []string{"replay", "--from-time=" + rfc(stored[0].Add(-time.Hour))}, 0, "from_seq=1"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(c.args, getenv, &out, &errOut); code != c.code || !strings.Contains(errOut.String(), c.want) {
+			t.Fatalf("%s: locks %v: exit %d, want %d with %q in stderr:\n%s", c.name, c.args, code, c.code, c.want, errOut.String())
+		}
+	}
+}
