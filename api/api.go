@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/lock-sensors/lock-sensors/projector"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -70,6 +71,9 @@ type Deps struct {
 	// History answers the history calls (readings, events, deliveries); nil means they
 	// answer UNIMPLEMENTED.
 	History History
+	// Projections lists the projections and runs the rebuilds started through the API
+	// (ProjectionService); nil means those calls answer UNIMPLEMENTED.
+	Projections *projector.RebuildRunner
 }
 
 // Server is the admin API.
@@ -88,6 +92,8 @@ type Server struct {
 	handler http.Handler
 
 	serveOnce sync.Once
+
+	projections *projector.RebuildRunner // runs ProjectionService's rebuilds (projections.go)
 }
 
 // New builds the API; nothing is listened on until Run (or Serve).
@@ -108,7 +114,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver, history: deps.History,
+		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver, history: deps.History, projections: deps.Projections,
 		auth: newAuthenticator(cfg.Tokens), metrics: m,
 		mem: bufconn.Listen(1 << 20),
 	}
@@ -125,6 +131,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterSubscriptionServiceServer(s.grpc, &subscriptionService{s: s})
 	locksv1.RegisterStateServiceServer(s.grpc, &stateService{s: s})
 	locksv1.RegisterHistoryServiceServer(s.grpc, &historyService{s: s})
+	locksv1.RegisterProjectionServiceServer(s.grpc, &projectionService{s: s})
 	// Server reflection lets grpcurl and the like discover the services (with a token: the
 	// stream interceptor guards it like every call).
 	reflection.Register(s.grpc)

@@ -46,6 +46,7 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 		locksv1.RegisterSubscriptionServiceHandler,
 		locksv1.RegisterStateServiceHandler,
 		locksv1.RegisterHistoryServiceHandler,
+		locksv1.RegisterProjectionServiceHandler,
 	} {
 		if err := reg(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("api: register gateway handler: %w", err)
@@ -94,7 +95,7 @@ func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 	var hs *runtime.HTTPStatusError
 	if !errors.As(err, &hs) {
 		st, _ := status.FromError(err)
-		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus(st.Code()), Err: err}
+		err = &runtime.HTTPStatusError{HTTPStatus: restStatus(st), Err: err}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, authHeaderWriter{w}, r, err)
 }

@@ -157,15 +157,21 @@ func buildPart(name string, d deps) (runner, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Rebuilds started through the API run in this process, and stop with the API.
+		rb, err := projector.NewRebuildRunner(projector.RebuildRunnerConfig{PartitionCount: d.cfg.Partitions},
+			projector.RebuildRunnerDeps{JS: d.js, PG: d.pg, CH: d.ch, Log: d.log})
+		if err != nil {
+			return nil, err
+		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
-			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist})
+			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb})
 		if err != nil {
 			return nil, err
 		}
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
-		return a, nil
+		return rb.Alongside(a), nil
 	default:
 		return nil, fmt.Errorf("unknown part %q", name) // parseRunOptions admits only allTargets
 	}
@@ -177,6 +183,9 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv := ops.New(cfg.HTTPAddr, reg, log)
+	if cfg.Pprof {
+		srv.EnablePprof()
+	}
 	ln, err := srv.Listen()
 	if err != nil {
 		return err
