@@ -1,0 +1,317 @@
+package e2e_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// cluster is the system as separate processes: a NATS server of its own (nats-server built
+// from the module in go.mod) and one `locks run --targets=<part>` process per part, on
+// private databases and queues, so that each process's CPU can be read from /proc.
+type cluster struct {
+	tb         testing.TB
+	partitions int
+	env        []string
+	pgURL      string
+	token      string
+	rabbit     *testenv.RabbitEnv
+	nats       *exec.Cmd
+	parts      []*part
+}
+
+// part is one `locks run` process.
+type part struct {
+	name string
+	cmd  *exec.Cmd
+	http string
+	log  *syncBuffer
+}
+
+func (p *part) metricsURL() string { return "http://" + p.http + "/metrics" }
+
+var (
+	natsBinOnce sync.Once
+	natsBin     string
+	natsBinErr  error
+)
+
+// natsServerBin builds nats-server once, next to the locks binary.
+func natsServerBin(tb testing.TB) string {
+	natsBinOnce.Do(func() {
+		natsBin = filepath.Join(filepath.Dir(locksBin), "nats-server")
+		out, err := exec.Command("go", "build", "-o", natsBin, "github.com/nats-io/nats-server/v2").CombinedOutput()
+		if err != nil {
+			natsBinErr = fmt.Errorf("go build nats-server: %v: %s", err, out)
+		}
+	})
+	if natsBinErr != nil {
+		tb.Fatal(natsBinErr)
+	}
+	return natsBin
+}
+
+// newCluster starts NATS and prepares the databases and queues; parts are added with part.
+func newCluster(tb testing.TB, partitions int) *cluster {
+	tb.Helper()
+	c := &cluster{tb: tb, partitions: partitions, pgURL: testenv.PostgresURL(tb), token: "e2e-token-0123456789", rabbit: testenv.RabbitMQ(tb)}
+	chDB := testenv.Name("locks_e2e")
+	tb.Cleanup(func() { testenv.DropClickHouseDatabase(tb, chDB) })
+
+	natsAddr := testenv.FreeAddr(tb)
+	dir := tb.TempDir()
+	conf := filepath.Join(dir, "nats.conf")
+	// As natsx.Embedded configures the embedded server: JetStream on a file store, 1 MiB payloads.
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: %q\nmax_payload: 1048576\njetstream { store_dir: %q }\n",
+		natsAddr, filepath.Join(dir, "jetstream")), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	c.nats = exec.Command(natsServerBin(tb), "-c", conf)
+	natsLog := &syncBuffer{}
+	c.nats.Stdout, c.nats.Stderr = natsLog, natsLog
+	if err := c.nats.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	stopProcess(tb, "nats-server", c.nats, natsLog)
+	testenv.Eventually(tb, 30*time.Second, "nats-server to listen", func() bool {
+		conn, err := net.Dial("tcp", natsAddr)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+	c.env = append(os.Environ(),
+		"LOCKS_POSTGRES_URL="+c.pgURL,
+		"LOCKS_CLICKHOUSE_URL=clickhouse://"+testenv.ClickHouseAddr()+"/"+chDB,
+		"LOCKS_AMQP_URL="+c.rabbit.URL,
+		"LOCKS_AMQP_QUEUE="+c.rabbit.Queue,
+		"LOCKS_NATS_URL=nats://"+natsAddr,
+		"LOCKS_API_TOKENS="+c.token,
+		"LOCKS_PARTITIONS="+strconv.Itoa(partitions),
+		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true",
+		"LOCKS_LOG_LEVEL=info",
+	)
+	return c
+}
+
+// stopProcess stops cmd with SIGTERM at cleanup (killing it after 20 s) and shows its log
+// if the benchmark failed.
+func stopProcess(tb testing.TB, name string, cmd *exec.Cmd, log *syncBuffer) (exited <-chan struct{}) {
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if tb.Failed() {
+			tb.Logf("%s log:\n%s", name, log.String())
+		}
+		if dir := os.Getenv("LOCKS_BENCH_LOGS"); dir != "" {
+			_ = os.MkdirAll(dir, 0o755)
+			_ = os.WriteFile(filepath.Join(dir, strings.NewReplacer(" ", "-", "/", "of").Replace(name)+".log"), []byte(log.String()), 0o644)
+		}
+	})
+	return done
+}
+
+// part starts `locks run --targets=<targets> --partitions=<partitions>` and waits until ready.
+// Parts are started one after another, so that migrations never run concurrently.
+func (c *cluster) part(targets, partitions string, env ...string) *part {
+	tb := c.tb
+	tb.Helper()
+	p := &part{name: targets, http: testenv.FreeAddr(tb), log: &syncBuffer{}}
+	args := []string{"run", "--targets=" + targets}
+	if partitions != "" {
+		args = append(args, "--partitions="+partitions)
+		p.name += " " + partitions
+	}
+	p.cmd = exec.Command(locksBin, args...)
+	p.cmd.Env = append(append(c.env, "LOCKS_HTTP_ADDR="+p.http, "LOCKS_GRPC_ADDR="+testenv.FreeAddr(tb),
+		"LOCKS_DATA_DIR="+tb.TempDir()), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	exited := stopProcess(tb, "locks "+p.name, p.cmd, p.log)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + p.http + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case <-exited:
+			tb.Fatalf("locks %s exited before it was ready:\n%s", p.name, p.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("locks %s not ready within 60 s:\n%s", p.name, p.log.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.parts = append(c.parts, p)
+	return p
+}
+
+// procStat is what /proc/<pid>/stat says of one process.
+type procStat struct {
+	pid, ppid   int
+	comm        string
+	cpu         float64 // utime + stime, seconds
+	childrenCPU float64 // cutime + cstime: children that exited and were waited for
+}
+
+// clockTick is USER_HZ, 100 on every Linux this runs on (getconf CLK_TCK).
+const clockTick = 100
+
+func readStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	s := string(b)
+	i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if i < 0 || j < i {
+		return procStat{}, false
+	}
+	f := strings.Fields(s[j+1:])
+	if len(f) < 15 {
+		return procStat{}, false
+	}
+	num := func(k int) float64 { v, _ := strconv.ParseFloat(f[k], 64); return v }
+	ppid, _ := strconv.Atoi(f[1])
+	return procStat{pid: pid, ppid: ppid, comm: s[i+1 : j], cpu: (num(11) + num(12)) / clockTick,
+		childrenCPU: (num(13) + num(14)) / clockTick}, true
+}
+
+// cpuOf is the CPU seconds used so far by every process whose command name is one of comms:
+// their own, plus what their exited children used (counted by the parent outside the group),
+// so that short-lived processes (Postgres backends) are not lost between two readings.
+func cpuOf(comms ...string) float64 {
+	entries, _ := os.ReadDir("/proc")
+	in := map[int]procStat{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := readStat(pid); ok {
+			for _, c := range comms {
+				if st.comm == c {
+					in[pid] = st
+				}
+			}
+		}
+	}
+	var sum float64
+	for _, st := range in {
+		sum += st.cpu
+		if _, parentIn := in[st.ppid]; !parentIn {
+			sum += st.childrenCPU
+		}
+	}
+	return sum
+}
+
+// component is one line of the CPU table: how to read its CPU seconds so far.
+type component struct {
+	name string
+	cpu  func() float64
+}
+
+func pidCPU(pid int) func() float64 {
+	return func() float64 {
+		st, _ := readStat(pid)
+		return st.cpu + st.childrenCPU
+	}
+}
+
+// components are the cluster's processes, the servers and this process (the load
+// generator, its webhook receiver and the samplers).
+func (c *cluster) components() []component {
+	cs := []component{}
+	for _, p := range c.parts {
+		cs = append(cs, component{"locks-" + strings.ReplaceAll(p.name, " ", "-"), pidCPU(p.cmd.Process.Pid)})
+	}
+	return append(cs,
+		component{"nats-server", pidCPU(c.nats.Process.Pid)},
+		component{"rabbitmq", func() float64 { return cpuOf("beam.smp", "erl_child_setup", "epmd", "inet_gethost") }},
+		component{"postgres", func() float64 { return cpuOf("postgres") }},
+		component{"clickhouse", func() float64 { return cpuOf("clickhouse-serv", "clickhouse-server") }},
+		component{"loadgen", pidCPU(os.Getpid())},
+	)
+}
+
+// cpuMeter takes CPU seconds of every component at start and at stop.
+type cpuMeter struct {
+	cs     []component
+	before []float64
+	start  time.Time
+}
+
+func startCPU(cs []component) *cpuMeter {
+	m := &cpuMeter{cs: cs, start: time.Now()}
+	for _, c := range cs {
+		m.before = append(m.before, c.cpu())
+	}
+	return m
+}
+
+// cpuUse is one component's CPU over the measured span.
+type cpuUse struct {
+	name    string
+	seconds float64
+	percent float64 // of one core
+}
+
+func (m *cpuMeter) stop() []cpuUse {
+	wall := time.Since(m.start).Seconds()
+	var out []cpuUse
+	for i, c := range m.cs {
+		s := c.cpu() - m.before[i]
+		out = append(out, cpuUse{c.name, s, 100 * s / wall})
+	}
+	return out
+}
+
+// reportCPU reports each component's share of one core (unit <name>-cpu%) and the total.
+func reportCPU(b *testing.B, use []cpuUse) {
+	var total float64
+	for _, u := range use {
+		b.ReportMetric(u.percent, u.name+"-cpu%")
+		total += u.percent
+		b.Logf("CPU %-24s %8.1f s %6.1f%% of one core", u.name, u.seconds, u.percent)
+	}
+	b.ReportMetric(total, "total-cpu%")
+}
+
+// benchOut is where benchmarks write their time series for benchreport (LOCKS_BENCH_OUT,
+// default bench-out/ at the top of the module).
+func benchOut(tb testing.TB) string {
+	dir := os.Getenv("LOCKS_BENCH_OUT")
+	if dir == "" {
+		dir = filepath.Join("..", "bench-out")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}

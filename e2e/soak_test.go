@@ -1,0 +1,262 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	"github.com/lock-sensors/lock-sensors/loadgen"
+)
+
+func envDuration(tb testing.TB, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		tb.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return d
+}
+
+func envFloat(tb testing.TB, name string, def float64) float64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		tb.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return f
+}
+
+// The soak's defaults. The rate is the highest at which, on this 2-core machine with every
+// server, every part and the load generator on it, the state lag stayed bounded and the
+// webhooks to the one client kept up in trial runs (see BENCHMARKS.md for the runs); a tenth
+// of the readings are changes, so the notifier delivers about rate/10 webhooks a second.
+const (
+	soakRate        = 4000
+	soakSensors     = 10_000
+	soakChangeRatio = 0.1
+)
+
+// BenchmarkSoak is the must-show run: every part as its own `locks run --targets=<part>`
+// process (bridge, state, history, notifier, watchdog, api; 4 partitions) on a NATS server
+// of its own, with the load generator and its webhook receiver in this process, all on this
+// machine's servers. The fleet (LOCKS_BENCH_SOAK_SENSORS, default 10,000 sensors, one
+// client subscribed to all) is registered through the REST API; then readings go through
+// RabbitMQ at LOCKS_BENCH_SOAK_RATE (default 4,000/s, 10% changes) for
+// LOCKS_BENCH_SOAK_DURATION (default 5m), and the run waits up to LOCKS_BENCH_SOAK_SETTLE
+// (default 2m) for every reading to be recorded and every change to be notified.
+//
+// Reported: the publish rate; publish → sensor_state latency p50/p95/p99 (loadgen.StateProbe,
+// polling every 250 ms, ±125 ms) and publish → webhook receipt p50/p95/p99; the books
+// (readings not recorded, changes, webhooks, missing, duplicates, bad signatures); the largest
+// state lag of any second; the settle time after publishing ended; and CPU per component as
+// % of one core over publishing + settling (the servers are shared with anything else running
+// on the machine). The per-second series and the latency quantiles go to LOCKS_BENCH_OUT
+// (soak-series.csv, soak-latency.csv) for benchreport's plots.
+func BenchmarkSoak(b *testing.B) {
+	dur := envDuration(b, "LOCKS_BENCH_SOAK_DURATION", 5*time.Minute)
+	settle := envDuration(b, "LOCKS_BENCH_SOAK_SETTLE", 2*time.Minute)
+	rate := envFloat(b, "LOCKS_BENCH_SOAK_RATE", soakRate)
+	sensors := int(envFloat(b, "LOCKS_BENCH_SOAK_SENSORS", soakSensors))
+	out := benchOut(b)
+	for range b.N {
+		ctx := b.Context()
+		c := newCluster(b, 4)
+		bridge := c.part("bridge", "")
+		state := c.part("state", "")
+		c.part("history", "")
+		c.part("notifier", "")
+		c.part("watchdog", "")
+		api := c.part("api", "")
+
+		rcv, err := loadgen.NewReceiver("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer rcv.Close()
+		if err := rcv.Register(ctx, "http://"+api.http, c.token, "soak", sensors); err != nil {
+			b.Fatal(err)
+		}
+		pool, err := pgxpool.New(ctx, c.pgURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		rec, err := loadgen.NewRecorder(ctx, []string{bridge.metricsURL()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		live := &loadgen.Live{}
+		probe := loadgen.NewStateProbe(pool, time.Now())
+		sampler := &loadgen.Sampler{Live: live, BridgeURLs: []string{bridge.metricsURL()},
+			StateURLs: []string{state.metricsURL()}, Receiver: rcv, State: probe}
+		sctx, stopSampling := context.WithCancel(ctx)
+		probeDone, samplerDone := make(chan struct{}), make(chan struct{})
+		go func() { probe.Run(sctx, 250*time.Millisecond); close(probeDone) }()
+		go func() { sampler.Run(sctx); close(samplerDone) }()
+		meter := startCPU(c.components())
+		b.ResetTimer()
+
+		books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: c.rabbit.URL, Queue: c.rabbit.Queue, Sensors: sensors,
+			Rate: rate, ChangeRatio: soakChangeRatio, Duration: dur, Prefix: "soak", Seed: 1, Live: live}, nil, testenv.Logger(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		backlogAtEnd := books.Changes - rcv.Tally().ByType["sensor.state_changed"]
+		var recorded loadgen.Recorded
+		deadline := time.Now().Add(settle)
+		for {
+			recorded, err = rec.Read(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if recorded.Recorded+recorded.Invalid >= books.Published && rcv.Tally().ByType["sensor.state_changed"] >= books.Changes ||
+				time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		settled := time.Since(books.End)
+		use := meter.stop()
+		// One more second for the probe and the sampler to see the last commits.
+		time.Sleep(1100 * time.Millisecond)
+		stopSampling()
+		<-probeDone
+		<-samplerDone
+		b.StopTimer()
+		if err := probe.Err(); err != nil {
+			b.Fatal(err)
+		}
+
+		t := rcv.Tally()
+		stateLat, _ := probe.Latencies(0)
+		hookLat, _ := rcv.Latencies(0)
+		samples := sampler.Samples()
+		maxLag := 0.0
+		for _, s := range samples {
+			if s.StateLag > maxLag && s.T <= books.End.Sub(books.Start).Seconds() {
+				maxLag = s.StateLag
+			}
+		}
+		writeCSV(b, filepath.Join(out, "soak-series.csv"), func(f *os.File) error { return loadgen.WriteSeries(f, samples) })
+		writeCSV(b, filepath.Join(out, "soak-latency.csv"), func(f *os.File) error {
+			return loadgen.WriteCDF(f, []string{"state_ms", "webhook_ms"}, stateLat, hookLat)
+		})
+		missing := max(books.Changes-t.ByType["sensor.state_changed"], 0)
+		problems := append(loadgen.Balance(books, recorded), loadgen.Check(books, t, time.Hour, false)...)
+		for _, p := range problems {
+			b.Log("MISMATCH:", p)
+		}
+
+		b.ReportMetric(float64(books.Published)/books.End.Sub(books.Start).Seconds(), "published/s")
+		b.ReportMetric(float64(books.Published), "readings")
+		b.ReportMetric(float64(books.Published-books.Invalid-recorded.Recorded), "unrecorded")
+		b.ReportMetric(loadgen.Quantile(stateLat, 0.5), "state-p50-ms")
+		b.ReportMetric(loadgen.Quantile(stateLat, 0.95), "state-p95-ms")
+		b.ReportMetric(loadgen.Quantile(stateLat, 0.99), "state-p99-ms")
+		b.ReportMetric(loadgen.Quantile(hookLat, 0.5), "webhook-p50-ms")
+		b.ReportMetric(loadgen.Quantile(hookLat, 0.95), "webhook-p95-ms")
+		b.ReportMetric(loadgen.Quantile(hookLat, 0.99), "webhook-p99-ms")
+		b.ReportMetric(maxLag, "max-lag-ms")
+		b.ReportMetric(float64(books.Changes), "changes")
+		b.ReportMetric(float64(t.Received), "webhooks")
+		b.ReportMetric(float64(missing), "missing")
+		b.ReportMetric(float64(t.Duplicates), "duplicates")
+		b.ReportMetric(float64(t.BadSig), "bad-signatures")
+		b.ReportMetric(float64(backlogAtEnd), "backlog-at-end")
+		b.ReportMetric(settled.Seconds(), "settle-s")
+		reportCPU(b, use)
+	}
+}
+
+// BenchmarkScaling is the scaling curve: readings/s from RabbitMQ to committed in
+// sensor_state as partitions and state projector processes grow together (1, 2, 4): one
+// bridge process, N state processes each owning one partition (`--partitions=i/N` with
+// LOCKS_PARTITIONS=N) and a NATS server of their own. So that the system, not the load
+// generator beside it, is what is measured, the load generator first fills the RabbitMQ queue
+// for LOCKS_BENCH_SCALE_DURATION (default 30s, as fast as RabbitMQ confirms; 10,000 sensors,
+// 10% changes) while no bridge runs; then the bridge starts and the backlog is drained.
+// Reported: readings/s committed (readings committed after the bridge was ready ÷ the time
+// from then until the last one was), the fill's publish rate, and CPU per component (state
+// processes summed) over the drain.
+func BenchmarkScaling(b *testing.B) {
+	dur := envDuration(b, "LOCKS_BENCH_SCALE_DURATION", 30*time.Second)
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("partitions=%d", n), func(b *testing.B) {
+			for range b.N {
+				ctx := b.Context()
+				c := newCluster(b, n)
+				var stateURLs []string
+				for i := range n {
+					stateURLs = append(stateURLs, c.part("state", fmt.Sprintf("%d/%d", i, n)).metricsURL())
+				}
+				books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: c.rabbit.URL, Queue: c.rabbit.Queue, Sensors: 10_000,
+					Rate: 200_000, ChangeRatio: 0.1, Duration: dur, Prefix: "scale", Seed: 1}, nil, testenv.Logger(b))
+				if err != nil {
+					b.Fatal(err)
+				}
+				applied := func() float64 {
+					m, err := loadgen.Scrape(ctx, stateURLs, loadgen.MetricApplied)
+					if err != nil {
+						b.Fatal(err)
+					}
+					return m[loadgen.MetricApplied]
+				}
+				b.ResetTimer()
+				c.part("bridge", "")
+				meter := startCPU(c.components())
+				from := applied()
+				deadline := time.Now().Add(10 * time.Minute)
+				for applied() < float64(books.Published) {
+					if time.Now().After(deadline) {
+						b.Fatalf("state did not catch up: %v of %d applied", applied(), books.Published)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				use := meter.stop()
+				drain := time.Since(meter.start)
+				b.StopTimer()
+				// The state processes as one component, so that the rows line up across N.
+				var merged []cpuUse
+				st := cpuUse{name: "locks-state"}
+				for _, u := range use {
+					if strings.HasPrefix(u.name, "locks-state") {
+						st.seconds, st.percent = st.seconds+u.seconds, st.percent+u.percent
+						continue
+					}
+					merged = append(merged, u)
+				}
+				merged = slices.Insert(merged, 1, st)
+				b.ReportMetric((float64(books.Published)-from)/drain.Seconds(), "readings/s")
+				b.ReportMetric(float64(books.Published)/books.End.Sub(books.Start).Seconds(), "fill-published/s")
+				b.ReportMetric(float64(books.Published), "readings")
+				reportCPU(b, merged)
+			}
+		})
+	}
+}
+
+func writeCSV(tb testing.TB, path string, write func(*os.File) error) {
+	f, err := os.Create(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := errors.Join(write(f), f.Close()); err != nil {
+		tb.Fatal(err)
+	}
+}
