@@ -99,3 +99,63 @@ func BenchmarkBareJetStreamPublisher(b *testing.B) {
 		b.ReportMetric(float64(messages)/el.Seconds(), "msgs/s")
 	}
 }
+
+// BenchmarkBareRabbitPassThrough: the bare publisher above and, at the same time, a bare
+// amqp091-go consumer that acks each message (prefetch 1000) on the same queue: the most
+// readings RabbitMQ can take in and hand out again on this machine with nothing else
+// running. The end-to-end ingest can never beat this: RabbitMQ itself must both accept and
+// deliver every reading, and the two share the machine's cores.
+func BenchmarkBareRabbitPassThrough(b *testing.B) {
+	for range b.N {
+		rabbit := testenv.RabbitMQ(b)
+		pub, err := rabbit.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pub.QueueDeclare(rabbit.Queue, true, false, false, false, nil); err != nil {
+			b.Fatal(err)
+		}
+		sub, err := rabbit.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := sub.Qos(1000, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		ds, err := sub.Consume(rabbit.Queue, "", false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		consumed := make(chan error, 1)
+		b.ResetTimer()
+		start := time.Now()
+		go func() {
+			for range messages {
+				d, ok := <-ds
+				if !ok {
+					consumed <- fmt.Errorf("delivery channel closed")
+					return
+				}
+				if err := d.Ack(false); err != nil {
+					consumed <- err
+					return
+				}
+			}
+			consumed <- nil
+		}()
+		PublishConfirmed(b, pub, rabbit.Queue, messages)
+		published := time.Since(start)
+		select {
+		case err := <-consumed:
+			if err != nil {
+				b.Fatal(err)
+			}
+		case <-time.After(2 * time.Minute):
+			b.Fatal("the consumer did not get every message within 2 minutes")
+		}
+		el := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(messages)/el.Seconds(), "msgs/s")
+		b.ReportMetric(float64(messages)/published.Seconds(), "published/s")
+	}
+}

@@ -38,6 +38,8 @@ type Config struct {
 	HistoryFlushInterval time.Duration
 	// WatchdogSweep is the period of the watchdog's reconciliation sweep.
 	WatchdogSweep time.Duration
+	// Pprof serves net/http/pprof on the ops server.
+	Pprof bool
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -203,6 +205,14 @@ func settings() []setting {
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
 		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's sweep comparing sensor_state with the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
+		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep the address private)", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
+			c.Pprof = b
+			return nil
+		}},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "debug", "info", "warn", "error":

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -41,6 +42,15 @@ func New(addr string, g prometheus.Gatherer, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return s
+}
+
+// EnablePprof serves Go's profiler under /debug/pprof/ (LOCKS_PPROF).
+func (s *Server) EnablePprof() {
+	s.mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	s.mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	s.mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	s.mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	s.mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }
 
 // AddCheck registers a readiness check under name (e.g. "postgres").
