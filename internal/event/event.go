@@ -56,9 +56,12 @@ type Log struct {
 
 // DecodeLog parses a READINGS message.
 func DecodeLog(b []byte) (Log, error) {
-	var m Log
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("decode READINGS message: %w", err)
+	m, ok := decodeLogFast(b)
+	if !ok {
+		m = Log{}
+		if err := json.Unmarshal(b, &m); err != nil {
+			return m, fmt.Errorf("decode READINGS message: %w", err)
+		}
 	}
 	if m.V != Version {
 		return m, fmt.Errorf("%w %d in READINGS message", ErrVersion, m.V)
