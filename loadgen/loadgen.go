@@ -40,6 +40,10 @@ type Config struct {
 	Seed   uint64
 	// Live, if not nil, gets the run's counts as it goes, for a progress line or a time series.
 	Live *Live
+	// Last, if not nil, is each sensor's last data from an earlier run of the same fleet (its
+	// Books.Last), so that the books continue it: a sensor's first reading in this run is a
+	// change only if it differs. The earlier run must have used another Seed (message ids).
+	Last map[string]uint8
 }
 
 // Live are the counts of a run in progress, read while it goes on.
@@ -116,6 +120,9 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	b := Books{Last: make(map[string]uint8, c.Sensors), Start: time.Now()}
 	for n := range silent {
 		b.Silent = append(b.Silent, SensorID(c.Prefix, n))
+	}
+	for id, d := range c.Last {
+		b.Last[id] = d
 	}
 
 	live := c.Live

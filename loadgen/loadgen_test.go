@@ -70,3 +70,38 @@ func TestBooksMatchTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// A run continuing an earlier one's books (Config.Last) counts as changes only the readings
+// that differ from each sensor's last data: with no change ratio, none.
+func TestBooksContinueAnEarlierRun(t *testing.T) {
+	t.Parallel()
+	r := testenv.RabbitMQ(t)
+	for _, tc := range []struct {
+		name        string
+		changeRatio float64
+		continued   bool
+		want        func(changes int64) bool
+	}{
+		{"continued, no changes", 0, true, func(n int64) bool { return n == 0 }},
+		{"fresh books, every sensor's first reading", 0, false, func(n int64) bool { return n == 20 }},
+		{"continued, every reading a change", 1, true, func(n int64) bool { return n == 100 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first, err := loadgen.Run(t.Context(), loadgen.Config{AMQPURL: r.URL, Queue: r.Queue, Sensors: 20, Rate: 5000, Count: 20, Seed: 1}, nil, testenv.Logger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := loadgen.Config{AMQPURL: r.URL, Queue: r.Queue, Sensors: 20, Rate: 5000, Count: 100, ChangeRatio: tc.changeRatio, Seed: 2}
+			if tc.continued {
+				c.Last = first.Last
+			}
+			second, err := loadgen.Run(t.Context(), c, nil, testenv.Logger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.want(second.Changes) {
+				t.Fatalf("%d changes", second.Changes)
+			}
+		})
+	}
+}
