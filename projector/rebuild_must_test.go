@@ -63,6 +63,7 @@ func chCount(t testing.TB, ch driver.Conn, q string, args ...any) uint64 {
 func TestRebuild200kEqualsLive(t *testing.T) {
 	t.Parallel()
 	const sensors, count, subscribed = 4000, 200_000, 40
+	t0 := time.Now()
 	e := newStateEnv(t, 4)
 	_, ch := testenv.ClickHouse(t)
 
@@ -97,6 +98,7 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 	var pub statePublished
 	logs := rebuildLog(3, sensors, count)
 	rebuildPublishFast(t, e.nats.NC, e.n, rebuildSliceGen(logs), &pub, false)
+	t.Logf("%s: %d messages published", time.Since(t0).Round(time.Millisecond), len(logs))
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	hist, err := NewHistory(HistoryConfig{Partitions: partition.All(e.n), BatchSize: 20_000, FlushInterval: 100 * time.Millisecond},
 		e.nats.JS, ch, testenv.Logger(t), prometheus.NewRegistry())
@@ -123,6 +125,7 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 		return want > 0 && uint64(rows) == want && open == 0 && received.Load() >= int64(want) &&
 			chCount(t, ch, `SELECT toUInt64(count(DISTINCT event_id)) FROM deliveries`) == want
 	})
+	t.Logf("%s: live projections caught up, deliveries settled", time.Since(t0).Round(time.Millisecond))
 	liveState := loadStateTable(t, e, "sensor_state")
 	lost := 0
 	for _, r := range liveState {
