@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -167,10 +166,11 @@ func (r *StateRebuild) Run(ctx context.Context) (RebuildResult, error) {
 	for p := range workers {
 		w := &rebuildWorker{r: r, p: p, rows: map[string]stateRow{},
 			check: &eventChecker{pg: r.pg, p: p, seen: map[string][]byte{}, truncated: eventsTruncated}}
+		workers[p] = w
+		defer w.close(ctx)
 		if err := w.open(ctx); err != nil {
 			return res, err
 		}
-		workers[p] = w
 	}
 	phase := atomic.Value{}
 	phase.Store("catch-up")
@@ -494,7 +494,7 @@ type rebuildWorker struct {
 	p       int
 	rows    map[string]stateRow
 	cp, pos uint64
-	cons    jetstream.Consumer
+	cons    *logReader
 	held    []jetstream.Msg // fetched, beyond the target
 	check   *eventChecker
 	done    atomic.Uint64
@@ -520,28 +520,26 @@ func (w *rebuildWorker) open(ctx context.Context) error {
 		return err
 	}
 	startSeq := max(w.cp+1, r.cfg.FromSeq, 1)
-	st, err := r.js.Stream(ctx, natsx.ReadingsStream)
+	w.cons, err = newLogReader(ctx, r.js, natsx.ReadingsStream, natsx.ReadingsPartitionFilter(w.p), startSeq)
 	if err != nil {
-		return fmt.Errorf("look up %s: %w", natsx.ReadingsStream, err)
+		return fmt.Errorf("READINGS of partition %d: %w", w.p, err)
 	}
-	w.cons, err = st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{natsx.ReadingsPartitionFilter(w.p)},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: startSeq})
+	w.pending.Store(w.cons.pending())
+	w.check.cons, err = newLogReader(ctx, r.js, natsx.EventsStream, natsx.EventsPartitionFilter(w.p), 1)
 	if err != nil {
-		return fmt.Errorf("READINGS consumer for partition %d: %w", w.p, err)
-	}
-	if info, err := w.cons.Info(ctx); err == nil {
-		w.pending.Store(info.NumPending)
-	}
-	est, err := r.js.Stream(ctx, natsx.EventsStream)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", natsx.EventsStream, err)
-	}
-	w.check.cons, err = est.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{natsx.EventsPartitionFilter(w.p)}})
-	if err != nil {
-		return fmt.Errorf("EVENTS consumer for partition %d: %w", w.p, err)
+		return fmt.Errorf("EVENTS of partition %d: %w", w.p, err)
 	}
 	return nil
+}
+
+// close deletes the worker's consumers.
+func (w *rebuildWorker) close(ctx context.Context) {
+	if w.cons != nil {
+		w.cons.close(ctx)
+	}
+	if w.check != nil && w.check.cons != nil {
+		w.check.cons.close(ctx)
+	}
 }
 
 // follow applies the partition up to the live checkpoint, again and again, until it is
@@ -609,13 +607,9 @@ func (w *rebuildWorker) applyUpTo(ctx context.Context, target uint64, inTx func(
 }
 
 func (w *rebuildWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
-	msgs, err := stateDrain(w.cons.FetchNoWait(w.r.cfg.BatchSize))
-	if err != nil || len(msgs) > 0 {
-		return msgs, err
-	}
-	msgs, err = stateDrain(w.cons.Fetch(w.r.cfg.BatchSize, jetstream.FetchMaxWait(200*time.Millisecond)))
-	if err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil {
-		err = nil
+	msgs, err := w.cons.fetch(ctx, w.r.cfg.BatchSize, 0)
+	if err == nil && len(msgs) == 0 {
+		msgs, err = w.cons.fetch(ctx, w.r.cfg.BatchSize, 200*time.Millisecond)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("fetch READINGS partition %d: %w", w.p, err)
@@ -731,7 +725,7 @@ func (w *rebuildWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fu
 type eventChecker struct {
 	pg        *pgxpool.Pool
 	p         int
-	cons      jetstream.Consumer
+	cons      *logReader
 	seen      map[string][]byte // event id → payload
 	truncated bool              // EVENTS no longer holds its start
 
@@ -745,7 +739,7 @@ func (c *eventChecker) drain(ctx context.Context, id string) error {
 		if _, ok := c.seen[id]; ok {
 			return nil
 		}
-		msgs, err := stateDrain(c.cons.FetchNoWait(1000))
+		msgs, err := c.cons.fetch(ctx, 1000, 0)
 		if err != nil {
 			return fmt.Errorf("read EVENTS partition %d: %w", c.p, err)
 		}

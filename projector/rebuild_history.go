@@ -70,7 +70,7 @@ func NewHistoryRebuild(cfg HistoryRebuildConfig, js jetstream.JetStream, ch driv
 type historyCopier struct {
 	table  historyTable
 	stream string
-	cons   jetstream.Consumer
+	cons   *logReader
 	last   uint64 // the last stream sequence read
 	done   atomic.Uint64
 	pend   atomic.Uint64
@@ -89,6 +89,11 @@ func (r *HistoryRebuild) Run(ctx context.Context) (RebuildResult, error) {
 			return res, err
 		}
 		copiers = append(copiers, c)
+		defer func() {
+			if c.cons != nil {
+				c.cons.close(ctx)
+			}
+		}()
 	}
 	for _, c := range copiers {
 		for _, q := range []string{"DROP TABLE IF EXISTS " + c.table.name + "_rebuild", "CREATE TABLE " + c.table.name + "_rebuild AS " + c.table.name} {
@@ -163,20 +168,15 @@ func (r *HistoryRebuild) plan(ctx context.Context, c *historyCopier) error {
 }
 
 func (r *HistoryRebuild) open(ctx context.Context, c *historyCopier) error {
-	st, err := r.js.Stream(ctx, c.stream)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", c.stream, err)
-	}
-	cfg := jetstream.OrderedConsumerConfig{}
+	start := uint64(1)
 	if c.stream == natsx.ReadingsStream && r.cfg.FromSeq > 1 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.cfg.FromSeq
+		start = r.cfg.FromSeq
 	}
-	if c.cons, err = st.OrderedConsumer(ctx, cfg); err != nil {
-		return fmt.Errorf("%s consumer: %w", c.stream, err)
+	var err error
+	if c.cons, err = newLogReader(ctx, r.js, c.stream, "", start); err != nil {
+		return err
 	}
-	if info, err := c.cons.Info(ctx); err == nil {
-		c.pend.Store(info.NumPending)
-	}
+	c.pend.Store(c.cons.pending())
 	return nil
 }
 
@@ -205,12 +205,12 @@ func (r *HistoryRebuild) copyToEnd(ctx context.Context, c *historyCopier, table 
 		return nil
 	}
 	for c.last < target {
-		msgs, err := stateDrain(c.cons.FetchNoWait(r.cfg.BatchSize))
+		msgs, err := c.cons.fetch(ctx, r.cfg.BatchSize, 0)
 		if err != nil {
-			return fmt.Errorf("read %s: %w", c.stream, err)
+			return err
 		}
 		if len(msgs) == 0 {
-			cinfo, err := c.cons.Info(ctx)
+			cinfo, err := c.cons.info(ctx)
 			if err != nil {
 				return fmt.Errorf("%s consumer: %w", c.stream, err)
 			}
