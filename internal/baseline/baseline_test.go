@@ -39,7 +39,9 @@ func BenchmarkBareRabbitPublisher(b *testing.B) {
 	}
 }
 
-// PublishConfirmed publishes n readings with a window of unconfirmed messages.
+// PublishConfirmed publishes n readings keeping at most a window of them unconfirmed: a
+// sliding window, so RabbitMQ always has work (waiting for a whole window to be confirmed
+// before publishing more leaves it idle at every window's end).
 func PublishConfirmed(b testing.TB, ch *amqp.Channel, queue string, n int) {
 	if err := ch.Confirm(false); err != nil {
 		b.Fatal(err)
@@ -47,6 +49,11 @@ func PublishConfirmed(b testing.TB, ch *amqp.Channel, queue string, n int) {
 	const window = 2000
 	pending := make([]*amqp.DeferredConfirmation, 0, window)
 	ctx := context.Background()
+	wait := func(p *amqp.DeferredConfirmation) {
+		if ok, err := p.WaitContext(ctx); !ok || err != nil {
+			b.Fatalf("publish not confirmed: %v", err)
+		}
+	}
 	for i := range n {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, ContentType: "application/json",
@@ -56,14 +63,13 @@ func PublishConfirmed(b testing.TB, ch *amqp.Channel, queue string, n int) {
 			b.Fatal(err)
 		}
 		pending = append(pending, dc)
-		if len(pending) == window || i == n-1 {
-			for _, p := range pending {
-				if ok, err := p.WaitContext(ctx); !ok || err != nil {
-					b.Fatalf("publish not confirmed: %v", err)
-				}
-			}
-			pending = pending[:0]
+		if len(pending) == window {
+			wait(pending[0])
+			pending = pending[1:]
 		}
+	}
+	for _, p := range pending {
+		wait(p)
 	}
 }
 
