@@ -33,7 +33,7 @@ func loadgenFlags(fs *flag.FlagSet) *loadgenOptions {
 	fs.StringVar(&o.listen, "webhook-listen", "127.0.0.1:0", "address of the load run's webhook receiver")
 	fs.StringVar(&o.apiURL, "api-url", "", "admin API base URL (default http://LOCKS_HTTP_ADDR)")
 	fs.StringVar(&o.apiToken, "api-token", "", "admin API token (default the first of LOCKS_API_TOKENS)")
-	fs.StringVar(&o.metricsURL, "metrics-url", "", "comma list of the /metrics URLs of the processes running the bridge, whose counters say what was recorded (default http://LOCKS_HTTP_ADDR/metrics; none: do not balance recorded)")
+	fs.StringVar(&o.metricsURL, "metrics-url", "", "comma list of the /metrics URLs of the processes running the bridge, whose counters say what was recorded: published = recorded + invalid must hold after --settle (default http://LOCKS_HTTP_ADDR/metrics; none: do not balance recorded)")
 	fs.StringVar(&o.series, "series", "", "write a per-second time series (CSV) to this file")
 	fs.DurationVar(&o.settle, "settle", 30*time.Second, "after publishing, how long to wait for the books to balance (recorded readings, webhooks)")
 	c := &o.cfg
@@ -129,7 +129,9 @@ func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdou
 
 	sctx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
-	sampler := &loadgen.Sampler{Live: live, BridgeURLs: bridgeURLs, Receiver: rcv}
+	// With the whole system in one process (locks run --targets=all), the state projector's
+	// counters are on the same /metrics as the bridge's.
+	sampler := &loadgen.Sampler{Live: live, BridgeURLs: bridgeURLs, StateURLs: bridgeURLs, Receiver: rcv}
 	samplerDone := make(chan struct{})
 	go func() { sampler.Run(sctx); close(samplerDone) }()
 	progressDone := make(chan struct{})
@@ -179,6 +181,12 @@ func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdou
 			break
 		}
 		time.Sleep(time.Second)
+	}
+	if rec != nil && recErr == nil {
+		// Reached is not settled: a reading that is not the run's (another publisher on the
+		// queue) may have filled the count while one of the run's was still on its way.
+		time.Sleep(time.Second)
+		recorded, recErr = rec.Read(ctx)
 	}
 	stopSampler()
 	<-progressDone

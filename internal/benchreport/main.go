@@ -148,7 +148,7 @@ func machine() []string {
 		fmt.Sprintf("- PostgreSQL: %s", sh("sh", "-c", "psql -V | cut -d' ' -f3")),
 		fmt.Sprintf("- RabbitMQ: %s", sh("sh", "-c", "dpkg-query -W -f='${Version}' rabbitmq-server")),
 		fmt.Sprintf("- ClickHouse: %s", sh("sh", "-c", "dpkg-query -W -f='${Version}' clickhouse-server")),
-		fmt.Sprintf("- NATS: embedded nats-server %s", sh("sh", "-c", "go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2")),
+		fmt.Sprintf("- NATS: nats-server %s (embedded; its own process, built from the same module, in the e2e soak and scaling runs)", sh("sh", "-c", "go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2")),
 		"- every server and the load run on this one machine, on loopback",
 	}
 }
