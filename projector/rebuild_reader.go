@@ -42,13 +42,27 @@ func (r *logReader) open(ctx context.Context) error {
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: r.next,
 		InactiveThreshold: 5 * time.Minute, MemoryStorage: true, Replicas: 1,
 	}
-	cons, err := r.js.CreateConsumer(ctx, r.stream, cfg)
-	if err != nil {
-		return fmt.Errorf("%s consumer from seq %d: %w", r.stream, r.next, err)
+	// The server counts a new filtered consumer's pending messages, which on a large and
+	// busy stream can take longer than the API's default 5 s: give it time, and retry.
+	var err error
+	for range 3 {
+		actx, cancel := context.WithTimeout(ctx, openTimeout)
+		var cons jetstream.Consumer
+		cons, err = r.js.CreateConsumer(actx, r.stream, cfg)
+		cancel()
+		if err == nil {
+			r.cons, r.cseq = cons, 0
+			return nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+			break
+		}
 	}
-	r.cons, r.cseq = cons, 0
-	return nil
+	return fmt.Errorf("%s consumer from seq %d: %w", r.stream, r.next, err)
 }
+
+// openTimeout bounds one attempt to create a reader's consumer.
+const openTimeout = time.Minute
 
 // pending is the number of messages after the last one returned, as the consumer was
 // created (exact then; md.NumPending of each message keeps it current).
