@@ -152,18 +152,26 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 		}()
 	}
 
-	const window = 1000
+	// At most window messages are unconfirmed; when it is full the oldest is waited for, so
+	// RabbitMQ always has work (the bare publisher of internal/baseline does the same).
+	const window = 2000
 	pending := make([]*amqp.DeferredConfirmation, 0, window)
+	confirmed := func(p *amqp.DeferredConfirmation) error {
+		ok, err := p.WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("loadgen: RabbitMQ refused a message (nack)")
+		}
+		published.Add(1)
+		return nil
+	}
 	flush := func() error {
 		for _, p := range pending {
-			ok, err := p.WaitContext(ctx)
-			if err != nil {
+			if err := confirmed(p); err != nil {
 				return err
 			}
-			if !ok {
-				return errors.New("loadgen: RabbitMQ refused a message (nack)")
-			}
-			published.Add(1)
 		}
 		pending = pending[:0]
 		return nil
@@ -228,9 +236,10 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 		}
 		pending = append(pending, dc)
 		if len(pending) == window {
-			if err := flush(); err != nil {
+			if err := confirmed(pending[0]); err != nil {
 				return b, err
 			}
+			pending = pending[1:]
 		}
 		i++
 	}
