@@ -109,18 +109,23 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 // flag is set by an UPDATE of the row, so it serialises with the finishing UPDATE on the
 // row lock (re-checked on the newest row version): whichever commits second sees the other.
 func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]event.Attempt, error) {
-	q := `UPDATE notifier_deliveries d SET
-			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
-			supersede_on_finish = true, updated_at = now()
-		WHERE d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
+	// The rows are locked in id order first, as finish locks its rows: updated in whatever
+	// order the scan met them, a supersede and a finish sharing two rows deadlocked under load
+	// (Postgres broke it after deadlock_timeout, and the finish was retried).
+	cond := `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
 	args := []any{}
 	if clients != nil {
-		q += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+		cond += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
 		args = append(args, clients, sensors)
 	}
-	q += ` RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
+	q := `WITH l AS (SELECT d.id FROM notifier_deliveries d WHERE ` + cond + ` ORDER BY d.id FOR UPDATE)
+		UPDATE notifier_deliveries d SET
+			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
+			supersede_on_finish = true, updated_at = now()
+		FROM l WHERE d.id = l.id AND ` + cond + `
+		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("supersede: %w", err)
@@ -348,6 +353,10 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 	var recs []event.Attempt
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		recs = recs[:0]
+		// Locked in id order before the update (see supersede).
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM notifier_deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE`, ids); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, `
 			UPDATE notifier_deliveries d SET
 				state = CASE WHEN (NOT r.counted OR r.state = 'pending') AND d.supersede_on_finish THEN 'superseded'
