@@ -82,7 +82,10 @@ type Books struct {
 	// first reading plus every reading that differs from the previous one.
 	Changes int64
 	// Last is each sensor's last published data; Silent lists the sensors that went silent.
-	Last   map[string]uint8
+	Last map[string]uint8
+	// LastAt is when this run last published a reading of each sensor: a connection_lost
+	// earlier than LastAt + lost_after is a false alarm, a later one the fleet stopping.
+	LastAt map[string]time.Time
 	Silent []string
 	// Start and End bound the publishing.
 	Start, End time.Time
@@ -117,7 +120,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
 	silent := int(float64(c.Sensors) * c.SilentRatio)
-	b := Books{Last: make(map[string]uint8, c.Sensors), Start: time.Now()}
+	b := Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors), Start: time.Now()}
 	for n := range silent {
 		b.Silent = append(b.Silent, SensorID(c.Prefix, n))
 	}
@@ -224,7 +227,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 				b.Changes++
 				live.Changes.Add(1)
 			}
-			b.Last[id] = d
+			b.Last[id], b.LastAt[id] = d, now
 			body = fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))
 		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", c.Queue, false, false, amqp.Publishing{

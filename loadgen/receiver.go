@@ -256,8 +256,9 @@ var ErrUnbalanced = errors.New("loadgen: the books do not balance")
 
 // Check balances the books of a run against what the receiver got: every expected
 // state_changed received once, each silent sensor lost exactly once, no other sensor lost
-// while the run still fed it (a lost event later than lostAfter after the end of publishing
-// is the fleet stopping, not a false alarm), no duplicate, every signature valid. silentDone
+// while the run still fed it (a lost event received later than lostAfter after the sensor's
+// last published reading is the fleet stopping, not a false alarm), no duplicate, every
+// signature valid. silentDone
 // says whether enough time passed for the silent sensors to be declared lost. It returns the
 // problems found, none when balanced.
 func Check(b Books, t Tally, lostAfter time.Duration, silentDone bool) []string {
@@ -279,7 +280,11 @@ func Check(b Books, t Tally, lostAfter time.Duration, silentDone bool) []string 
 		}
 	}
 	for id, n := range t.Lost {
-		if !silent[id] && t.LostAt[id].Before(b.End.Add(lostAfter)) {
+		last, ok := b.LastAt[id]
+		if !ok {
+			last = b.End
+		}
+		if !silent[id] && t.LostAt[id].Before(last.Add(lostAfter)) {
 			problems = append(problems, fmt.Sprintf("sensor %s kept reporting but got %d connection_lost", id, n))
 		}
 	}
