@@ -109,6 +109,16 @@ func settings() []setting {
 			}
 		}
 	}
+	boolean := func(dst func(*Config) *bool) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
+			*dst(c) = b
+			return nil
+		}
+	}
 	addr := func(dst func(*Config) *string) func(*Config, string) error {
 		return func(c *Config, v string) error {
 			if _, _, err := net.SplitHostPort(v); err != nil {
@@ -179,14 +189,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_WEBHOOK_TIMEOUT", "10s", "one webhook attempt's timeout", dur(func(c *Config) *time.Duration { return &c.WebhookTimeout })},
-		{"LOCKS_WEBHOOK_ALLOW_PRIVATE", "false", "allow webhook URLs on loopback/private addresses", func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return errors.New("must be true or false")
-			}
-			c.WebhookAllowPrivate = b
-			return nil
-		}},
+		{"LOCKS_WEBHOOK_ALLOW_PRIVATE", "false", "allow webhook URLs on loopback/private addresses", boolean(func(c *Config) *bool { return &c.WebhookAllowPrivate })},
 		{"LOCKS_PARTITIONS", "16", "partitions of the READINGS log (fixed once the stream exists)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 1024 {
@@ -205,14 +208,7 @@ func settings() []setting {
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
 		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's sweep comparing sensor_state with the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
-		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep the address private)", func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return errors.New("must be true or false")
-			}
-			c.Pprof = b
-			return nil
-		}},
+		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep the address private)", boolean(func(c *Config) *bool { return &c.Pprof })},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "debug", "info", "warn", "error":
