@@ -456,13 +456,14 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	}
 	msg := &nats.Msg{Subject: natsx.ReadingsSubject(r.SensorID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, id)
-	it.done = make(chan struct{})
 	if !ord.wait(ctx, r.SensorID) {
 		// Not appended and never acked: RabbitMQ redelivers it, in order, to the next session.
+		// No done channel: nothing waits for an item that was never tracked, and the acker
+		// closes the done channel of every item it gets (closing it here too panicked).
 		it.pubErr = errors.New("session ended before the previous reading of the sensor was stored")
-		close(it.done)
 		return it
 	}
+	it.done = make(chan struct{})
 	ord.track(r.SensorID, it.done)
 	it.msg = msg
 	it.future, it.pubErr = b.js.PublishMsgAsync(msg)
