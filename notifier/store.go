@@ -111,7 +111,9 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]event.Attempt, error) {
 	// The rows are locked in id order first, as finish locks its rows: updated in whatever
 	// order the scan met them, a supersede and a finish sharing two rows deadlocked under load
-	// (Postgres broke it after deadlock_timeout, and the finish was retried).
+	// (Postgres broke it after deadlock_timeout, and the finish was retried). FOR UPDATE
+	// re-checks cond on the newest version of each row it locks, and the rows stay locked, so
+	// the UPDATE need not check it again.
 	cond := `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
@@ -124,7 +126,7 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 		UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		FROM l WHERE d.id = l.id AND ` + cond + `
+		FROM l WHERE d.id = l.id
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
