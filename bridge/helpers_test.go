@@ -87,16 +87,7 @@ func newEnv(t testing.TB, amqpURL string) *env {
 	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4}); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := natsx.Connect(ne.URL, "bridge-test", testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{nats: ne, js: js, amqp: amqpURL}
+	e := &env{nats: ne, js: testenv.JetStream(t, ne.URL, "bridge-test"), amqp: amqpURL}
 	if amqpURL == "" {
 		re := testenv.RabbitMQ(t)
 		e.amqp, e.queue = re.URL, re.Queue

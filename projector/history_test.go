@@ -181,11 +181,7 @@ func TestHelperHistoryProcess(t *testing.T) {
 		return
 	}
 	log := testenv.Logger(t)
-	nc, err := natsx.Connect(natsURL, "history-child", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	js := testenv.JetStream(t, natsURL, "history-child")
 	opts, err := clickhouse.ParseDSN(chURL)
 	if err != nil {
 		t.Fatal(err)

@@ -415,14 +415,7 @@ func TestHelperStateProcess(t *testing.T) {
 		return
 	}
 	n, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_PARTITIONS"))
-	nc, err := natsx.Connect(os.Getenv("LOCKS_TEST_NATS_URL"), "state-child", testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t, os.Getenv("LOCKS_TEST_NATS_URL"), "state-child")
 	pg, err := pgxpool.New(t.Context(), os.Getenv("LOCKS_TEST_PG_URL"))
 	if err != nil {
 		t.Fatal(err)
@@ -534,15 +527,7 @@ func TestStateNATSRestart(t *testing.T) {
 	e.publish(t, e.nats.JS, logs[:5000], &pub)
 
 	// The projector on a connection of its own that rides out the restart, as in production.
-	nc, err := natsx.Connect(e.nats.URL, "state", testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t, e.nats.URL, "state")
 	stop := e.runState(t, js, partition.All(e.n))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -709,16 +694,7 @@ func TestStateSplitPartitions(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Each "process" on its own connection.
-		nc, err := nats.Connect(two.nats.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		two.runState(t, js, parts)
+		two.runState(t, testenv.JetStream(t, two.nats.URL, fmt.Sprintf("state-%d", i)), parts)
 	}
 	one.waitCaughtUp(t, &pubOne, 60*time.Second)
 	two.waitCaughtUp(t, &pubTwo, 60*time.Second)

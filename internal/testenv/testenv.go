@@ -33,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/migrations"
 )
 
@@ -112,6 +113,22 @@ func (e *NATSEnv) start() {
 		e.t.Fatal("embedded NATS not ready within 10s")
 	}
 	e.Server, e.URL = ns, ns.ClientURL()
+}
+
+// JetStream opens a connection of its own to the NATS server at url, as a part's process
+// would (natsx.Connect: it reconnects forever), closed at the end of the test.
+func JetStream(t testing.TB, url, name string) jetstream.JetStream {
+	t.Helper()
+	nc, err := natsx.Connect(url, name, Logger(t))
+	if err != nil {
+		t.Fatalf("connect to NATS at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // Restart stops the server and starts it again on the same port and store, as a crash and
