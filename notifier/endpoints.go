@@ -59,19 +59,6 @@ func (es *endpoints) canTake(e *endpoint, now time.Time) bool {
 	return e.inflight < e.limit
 }
 
-// busy lists the endpoints that cannot take an attempt now.
-func (es *endpoints) busy(now time.Time) []string {
-	es.mu.Lock()
-	defer es.mu.Unlock()
-	var out []string
-	for id, e := range es.m {
-		if !es.canTake(e, now) {
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
 // capacity is what every endpoint this process knows can take now.
 func (es *endpoints) capacity(now time.Time) capacity {
 	es.mu.Lock()

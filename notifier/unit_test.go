@@ -177,7 +177,7 @@ func TestEndpointsBreaker(t *testing.T) {
 	if es.acquire("a", now) {
 		t.Fatal("a third concurrent attempt was allowed")
 	}
-	if b := es.busy(now); len(b) != 1 || b[0] != "a" {
+	if b := es.capacity(now).busy; len(b) != 1 || b[0] != "a" {
 		t.Fatalf("busy = %v, want [a]", b)
 	}
 	es.release("a", false, 0, now)
