@@ -1,12 +1,9 @@
 package e2e_test
 
 import (
-	"bufio"
-	"net/http"
+	"context"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,25 +13,13 @@ import (
 	"github.com/lock-sensors/lock-sensors/loadgen"
 )
 
-// metric reads the sum of a counter's series from the process's /metrics.
+// metric reads the sum of a counter's series from the process's /metrics (-1 if it cannot).
 func (s *system) metric(name string) float64 {
-	resp, err := http.Get("http://" + s.http + "/metrics")
+	m, err := loadgen.Scrape(context.Background(), []string{"http://" + s.http + "/metrics"}, name)
 	if err != nil {
 		return -1
 	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
-		}
-	}
-	return sum
+	return m[name]
 }
 
 // BenchmarkEndToEndIngest: the whole system (`locks run --targets=all`, one process, embedded
