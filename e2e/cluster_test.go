@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -148,25 +147,7 @@ func (c *cluster) part(targets, partitions string, env ...string) *part {
 		tb.Fatal(err)
 	}
 	exited := stopProcess(tb, "locks "+p.name, p.cmd, p.log)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get("http://" + p.http + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		select {
-		case <-exited:
-			tb.Fatalf("locks %s exited before it was ready:\n%s", p.name, p.log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("locks %s not ready within 60 s:\n%s", p.name, p.log.String())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitReady(tb, "locks "+p.name, p.http, exited, p.log)
 	c.parts = append(c.parts, p)
 	return p
 }

@@ -113,22 +113,30 @@ func start(t testing.TB, extraEnv ...string) *system {
 			t.Logf("locks log:\n%s", s.log.String())
 		}
 	})
+	waitReady(t, "locks", s.http, done, s.log)
+	return s
+}
+
+// waitReady waits up to 60 s for /readyz at addr to answer 200, failing at once if the
+// process (exited closes when it does) stops first; log is its output, shown on failure.
+func waitReady(tb testing.TB, name, addr string, exited <-chan struct{}, log *syncBuffer) {
+	tb.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := http.Get("http://" + s.http + "/readyz")
+		resp, err := http.Get("http://" + addr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s
+			if resp.StatusCode == http.StatusOK {
+				return
 			}
 		}
 		select {
-		case <-done:
-			t.Fatalf("locks exited before it was ready:\n%s", s.log.String())
+		case <-exited:
+			tb.Fatalf("%s exited before it was ready:\n%s", name, log.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not ready within 60 s:\n%s", s.log.String())
+			tb.Fatalf("%s not ready within 60 s:\n%s", name, log.String())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
