@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/lock-sensors/lock-sensors/notifier"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -90,19 +88,9 @@ func (h *historyService) RedriveClientDeliveries(ctx context.Context, req *locks
 	if err := checkClientID("client_id", req.GetClientId()); err != nil {
 		return nil, err
 	}
-	var from, to time.Time
-	for _, t := range []struct {
-		field string
-		ts    *timestamppb.Timestamp
-		dst   *time.Time
-	}{{"start_time", req.GetStartTime(), &from}, {"end_time", req.GetEndTime(), &to}} {
-		if t.ts == nil {
-			continue
-		}
-		if err := t.ts.CheckValid(); err != nil {
-			return nil, fieldErr(t.field, "not a valid time")
-		}
-		*t.dst = t.ts.AsTime()
+	from, to, err := timeRange(req.GetStartTime(), req.GetEndTime())
+	if err != nil {
+		return nil, err
 	}
 	if !from.IsZero() && !to.IsZero() && !to.After(from) {
 		return nil, fieldErr("end_time", "must be after start_time (%s), got %s",

@@ -45,20 +45,8 @@ func historyQuery(start, end *timestamppb.Timestamp, size int32, token string) (
 		return q, err
 	}
 	q.PageSize, q.PageToken = n, token
-	for _, t := range []struct {
-		field string
-		ts    *timestamppb.Timestamp
-		dst   *time.Time
-	}{{"start_time", start, &q.Start}, {"end_time", end, &q.End}} {
-		if t.ts == nil {
-			continue
-		}
-		if err := t.ts.CheckValid(); err != nil {
-			return q, fieldErr(t.field, "not a valid time")
-		}
-		*t.dst = t.ts.AsTime()
-	}
-	return q, nil
+	q.Start, q.End, err = timeRange(start, end)
+	return q, err
 }
 
 // historyErr turns the history store's invalid-input errors into this API's.
@@ -183,18 +171,9 @@ func (h *historyService) GetSensorStats(ctx context.Context, req *locksv1.GetSen
 	if req.GetStartTime() == nil {
 		return nil, fieldErr("start_time", "required")
 	}
-	for _, t := range []struct {
-		field string
-		ts    *timestamppb.Timestamp
-		dst   *time.Time
-	}{{"start_time", req.GetStartTime(), &q.Start}, {"end_time", req.GetEndTime(), &q.End}} {
-		if t.ts == nil {
-			continue
-		}
-		if err := t.ts.CheckValid(); err != nil {
-			return nil, fieldErr(t.field, "not a valid time")
-		}
-		*t.dst = t.ts.AsTime()
+	var err error
+	if q.Start, q.End, err = timeRange(req.GetStartTime(), req.GetEndTime()); err != nil {
+		return nil, err
 	}
 	if !q.End.IsZero() && !q.End.After(q.Start) {
 		return nil, fieldErr("end_time", "must be after start_time")

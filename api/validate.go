@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // Limits of CONTRACT.md section 3 and of this API.
@@ -106,6 +107,25 @@ func pageSize(n int32) (int, error) {
 		return maxPageSize, nil
 	}
 	return int(n), nil
+}
+
+// timeRange checks the optional start_time and end_time of a request; an unset one is the
+// zero time.
+func timeRange(start, end *timestamppb.Timestamp) (from, to time.Time, err error) {
+	for _, t := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+		dst   *time.Time
+	}{{"start_time", start, &from}, {"end_time", end, &to}} {
+		if t.ts == nil {
+			continue
+		}
+		if err := t.ts.CheckValid(); err != nil {
+			return from, to, fieldErr(t.field, "not a valid time")
+		}
+		*t.dst = t.ts.AsTime()
+	}
+	return from, to, nil
 }
 
 // Resolver looks up the addresses of a host name; *net.Resolver is one.
