@@ -109,6 +109,8 @@ func (sub *subscriptionService) DeleteSubscription(ctx context.Context, req *loc
 }
 
 // exists fails with a NotFoundError unless the row of kind ("sensor" or "client") exists.
+// The subscription lists ask it only when a page is empty: a subscription row implies both
+// its sensor and its client (foreign keys, ON DELETE CASCADE).
 func (sub *subscriptionService) exists(ctx context.Context, kind, id string) error {
 	table := map[string]string{"sensor": "sensors", "client": "clients"}[kind]
 	var ok bool
@@ -134,9 +136,6 @@ func (sub *subscriptionService) ListSensorClients(ctx context.Context, req *lock
 	if err != nil {
 		return nil, err
 	}
-	if err := sub.exists(ctx, "sensor", sensorID); err != nil {
-		return nil, err
-	}
 	rows, err := sub.s.db.Query(ctx, `SELECT `+clientCols+`
 		FROM subscriptions sub JOIN clients c ON c.id = sub.client_id
 		WHERE sub.sensor_id = $1 AND sub.client_id > $2
@@ -147,6 +146,11 @@ func (sub *subscriptionService) ListSensorClients(ctx context.Context, req *lock
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (clientRow, error) { return scanClient(r) })
 	if err != nil {
 		return nil, fmt.Errorf("list a sensor's clients: %w", err)
+	}
+	if len(list) == 0 {
+		if err := sub.exists(ctx, "sensor", sensorID); err != nil {
+			return nil, err
+		}
 	}
 	out := &locksv1.ListSensorClientsResponse{}
 	now := time.Now()
@@ -173,9 +177,6 @@ func (sub *subscriptionService) ListClientSensors(ctx context.Context, req *lock
 	if err != nil {
 		return nil, err
 	}
-	if err := sub.exists(ctx, "client", clientID); err != nil {
-		return nil, err
-	}
 	rows, err := sub.s.db.Query(ctx, `SELECT `+sensorCols+`, `+stateCols+`
 		FROM subscriptions sub JOIN sensors s ON s.id = sub.sensor_id
 		LEFT JOIN sensor_state st ON st.sensor_id = s.id
@@ -187,6 +188,11 @@ func (sub *subscriptionService) ListClientSensors(ctx context.Context, req *lock
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sensorRow, error) { return scanSensor(r) })
 	if err != nil {
 		return nil, fmt.Errorf("list a client's sensors: %w", err)
+	}
+	if len(list) == 0 {
+		if err := sub.exists(ctx, "client", clientID); err != nil {
+			return nil, err
+		}
 	}
 	out := &locksv1.ListClientSensorsResponse{}
 	for i, row := range list {
