@@ -131,6 +131,7 @@ type window struct {
 	size       int
 	newest     bool
 	after      *pageToken
+	fp         string // fingerprint of the list, id and range, which tokens carry
 }
 
 // DateTime's range; times outside are clamped, never errors: "since 1900" means "since ever".
@@ -170,12 +171,13 @@ func (q Query) window(kind, id string) (window, error) {
 	default:
 		w.size = q.PageSize
 	}
+	w.fp = fingerprint(kind, id, w)
 	if q.PageToken != "" {
 		tok, err := decodePageToken(q.PageToken)
 		if err != nil {
 			return w, err
 		}
-		if tok.Q != fingerprint(kind, id, w) {
+		if tok.Q != w.fp {
 			return w, invalid("page_token", "belongs to another query (id, start_time, end_time and order must stay the same)")
 		}
 		w.after = &tok
@@ -261,15 +263,17 @@ func (s *Store) Readings(ctx context.Context, sensorID string, q Query) (Reading
 	if len(page.Readings) > w.size {
 		page.Readings = page.Readings[:w.size]
 		last := page.Readings[w.size-1]
-		page.NextPageToken = encodePageToken(pageToken{Q: fingerprint("readings", sensorID, w), T: last.Time.UnixMilli(), S: last.Seq})
+		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.Time.UnixMilli(), S: last.Seq})
 	}
 	return page, nil
 }
 
+// quoteEscaper escapes a ClickHouse string literal's backslashes and quotes.
+var quoteEscaper = strings.NewReplacer(`\`, `\\`, `'`, `\'`)
+
 // quote is a ClickHouse string literal.
 func quote(s string) string {
-	r := strings.NewReplacer(`\`, `\\`, `'`, `\'`)
-	return "'" + r.Replace(s) + "'"
+	return "'" + quoteEscaper.Replace(s) + "'"
 }
 
 // Events lists a sensor's events.
@@ -311,7 +315,7 @@ func (s *Store) Events(ctx context.Context, sensorID string, q Query) (EventsPag
 	if len(page.Events) > w.size {
 		page.Events = page.Events[:w.size]
 		last := page.Events[w.size-1]
-		page.NextPageToken = encodePageToken(pageToken{Q: fingerprint("events", sensorID, w), T: last.Time.UnixMilli(), ID: last.ID})
+		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.Time.UnixMilli(), ID: last.ID})
 	}
 	return page, nil
 }
@@ -358,7 +362,7 @@ func (s *Store) Deliveries(ctx context.Context, clientID string, q Query) (Deliv
 	if len(page.Deliveries) > w.size {
 		page.Deliveries = page.Deliveries[:w.size]
 		last := page.Deliveries[w.size-1]
-		page.NextPageToken = encodePageToken(pageToken{Q: fingerprint("deliveries", clientID, w), T: last.Time.UnixMilli(),
+		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.Time.UnixMilli(),
 			ID: last.EventID, S: uint64(last.Attempt)})
 	}
 	return page, nil
