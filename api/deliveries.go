@@ -18,12 +18,6 @@ const stateDead = "dead"
 // history database. Unlike the history lists they answer NOT_FOUND for an unknown client:
 // they act on what the client has now, not on what is kept of it.
 
-// clientExists fails with a NotFoundError unless the client is registered.
-func (h *historyService) clientExists(ctx context.Context, id string) error {
-	_, err := (&clientService{s: h.s}).get(ctx, h.s.db, id, false)
-	return err
-}
-
 // listDead pages through a client's dead deliveries by their row id (the token's key).
 func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDeliveriesRequest) (*locksv1.ListClientDeliveriesResponse, error) {
 	if req.GetStartTime() != nil {
@@ -46,7 +40,7 @@ func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDe
 			return nil, fieldErr("page_token", "not a page token of this list")
 		}
 	}
-	if err := h.clientExists(ctx, req.GetClientId()); err != nil {
+	if err := h.s.exists(ctx, "client", req.GetClientId()); err != nil {
 		return nil, err
 	}
 	dead, err := notifier.ListDead(ctx, h.s.db, req.GetClientId(), after, n)
@@ -96,7 +90,7 @@ func (h *historyService) RedriveClientDeliveries(ctx context.Context, req *locks
 		return nil, fieldErr("end_time", "must be after start_time (%s), got %s",
 			from.UTC().Format(time.RFC3339Nano), to.UTC().Format(time.RFC3339Nano))
 	}
-	if err := h.clientExists(ctx, req.GetClientId()); err != nil {
+	if err := h.s.exists(ctx, "client", req.GetClientId()); err != nil {
 		return nil, err
 	}
 	n, err := notifier.Redrive(ctx, h.s.db, req.GetClientId(), from, to)

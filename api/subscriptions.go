@@ -111,10 +111,10 @@ func (sub *subscriptionService) DeleteSubscription(ctx context.Context, req *loc
 // exists fails with a NotFoundError unless the row of kind ("sensor" or "client") exists.
 // The subscription lists ask it only when a page is empty: a subscription row implies both
 // its sensor and its client (foreign keys, ON DELETE CASCADE).
-func (sub *subscriptionService) exists(ctx context.Context, kind, id string) error {
+func (s *Server) exists(ctx context.Context, kind, id string) error {
 	table := map[string]string{"sensor": "sensors", "client": "clients"}[kind]
 	var ok bool
-	if err := sub.s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE id = $1)`, id).Scan(&ok); err != nil {
+	if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE id = $1)`, id).Scan(&ok); err != nil {
 		return fmt.Errorf("read %s: %w", kind, err)
 	}
 	if !ok {
@@ -148,7 +148,7 @@ func (sub *subscriptionService) ListSensorClients(ctx context.Context, req *lock
 		return nil, fmt.Errorf("list a sensor's clients: %w", err)
 	}
 	if len(list) == 0 {
-		if err := sub.exists(ctx, "sensor", sensorID); err != nil {
+		if err := sub.s.exists(ctx, "sensor", sensorID); err != nil {
 			return nil, err
 		}
 	}
@@ -190,7 +190,7 @@ func (sub *subscriptionService) ListClientSensors(ctx context.Context, req *lock
 		return nil, fmt.Errorf("list a client's sensors: %w", err)
 	}
 	if len(list) == 0 {
-		if err := sub.exists(ctx, "client", clientID); err != nil {
+		if err := sub.s.exists(ctx, "client", clientID); err != nil {
 			return nil, err
 		}
 	}
