@@ -134,6 +134,13 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	}
 	published := &live.Published
 	base := published.Load()
+	// The invalid messages and the changes are counted in live only (they may carry counts
+	// of an earlier run); the books take this run's share of them.
+	baseInvalid, baseChanges := live.Invalid.Load(), live.Changes.Load()
+	books := func() Books {
+		b.Invalid, b.Changes = live.Invalid.Load()-baseInvalid, live.Changes.Load()-baseChanges
+		return b
+	}
 	stopProgress := make(chan struct{})
 	defer close(stopProgress)
 	if progress != nil {
@@ -201,7 +208,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 		if d := time.Until(next); d > 0 {
 			if len(pending) > 0 && d > time.Millisecond {
 				if err := flush(); err != nil {
-					return b, err
+					return books(), err
 				}
 			}
 			time.Sleep(time.Until(next))
@@ -211,7 +218,6 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 		var body []byte
 		if rng.Float64() < c.InvalidRatio {
 			body = fmt.Appendf(nil, `{"sensor_id":"bad sensor %d","data":1}`, i)
-			b.Invalid++
 			live.Invalid.Add(1)
 		} else {
 			id := SensorID(c.Prefix, order(valid))
@@ -220,11 +226,9 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 			d := prev
 			if !seen {
 				d = uint8(rng.IntN(2))
-				b.Changes++
 				live.Changes.Add(1)
 			} else if rng.Float64() < c.ChangeRatio {
 				d = 1 - prev
-				b.Changes++
 				live.Changes.Add(1)
 			}
 			b.Last[id], b.LastAt[id] = d, now
@@ -235,20 +239,21 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 			MessageId: fmt.Sprintf("lg-%d-%d", c.Seed, i), Body: body,
 		})
 		if err != nil {
-			return b, fmt.Errorf("loadgen: publish: %w", err)
+			return books(), fmt.Errorf("loadgen: publish: %w", err)
 		}
 		pending = append(pending, dc)
 		if len(pending) == window {
 			if err := confirmed(pending[0]); err != nil {
-				return b, err
+				return books(), err
 			}
 			pending = pending[1:]
 		}
 		i++
 	}
 	if err := flush(); err != nil {
-		return b, err
+		return books(), err
 	}
+	b = books()
 	b.Published = published.Load() - base
 	b.End = time.Now()
 	if progress != nil {
