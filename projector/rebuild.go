@@ -202,15 +202,10 @@ func (r *StateRebuild) Run(ctx context.Context) (RebuildResult, error) {
 
 // plan says, before anything is written, what the streams no longer hold.
 func (r *StateRebuild) plan(ctx context.Context) (eventsTruncated bool, _ error) {
-	st, err := r.js.Stream(ctx, natsx.ReadingsStream)
+	s, err := streamState(ctx, r.js, natsx.ReadingsStream)
 	if err != nil {
-		return false, fmt.Errorf("look up %s: %w", natsx.ReadingsStream, err)
+		return false, err
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return false, fmt.Errorf("%s info: %w", natsx.ReadingsStream, err)
-	}
-	s := info.State
 	r.log.Info("READINGS holds", "first_seq", s.FirstSeq, "last_seq", s.LastSeq, "messages", s.Msgs, "deleted", s.NumDeleted)
 	if s.Msgs > 0 && s.FirstSeq > 1 {
 		if r.cfg.FromSeq == 0 {
@@ -222,17 +217,13 @@ func (r *StateRebuild) plan(ctx context.Context) (eventsTruncated bool, _ error)
 	if s.NumDeleted > 0 {
 		r.log.Warn("READINGS has deleted messages inside its range: the rebuild cannot apply them", "deleted", s.NumDeleted)
 	}
-	est, err := r.js.Stream(ctx, natsx.EventsStream)
+	es, err := streamState(ctx, r.js, natsx.EventsStream)
 	if err != nil {
-		return false, fmt.Errorf("look up %s: %w", natsx.EventsStream, err)
+		return false, err
 	}
-	einfo, err := est.Info(ctx)
-	if err != nil {
-		return false, fmt.Errorf("%s info: %w", natsx.EventsStream, err)
-	}
-	if einfo.State.Msgs > 0 && einfo.State.FirstSeq > 1 {
+	if es.Msgs > 0 && es.FirstSeq > 1 {
 		r.log.Warn("EVENTS no longer holds its start: re-derived events it lost cannot be checked and are counted as unverified",
-			"first_seq", einfo.State.FirstSeq)
+			"first_seq", es.FirstSeq)
 		return true, nil
 	}
 	return false, nil

@@ -147,15 +147,10 @@ func (r *HistoryRebuild) Run(ctx context.Context) (RebuildResult, error) {
 }
 
 func (r *HistoryRebuild) plan(ctx context.Context, c *historyCopier) error {
-	st, err := r.js.Stream(ctx, c.stream)
+	s, err := streamState(ctx, r.js, c.stream)
 	if err != nil {
-		return fmt.Errorf("look up %s: %w", c.stream, err)
+		return err
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("%s info: %w", c.stream, err)
-	}
-	s := info.State
 	r.log.Info("stream holds", "stream", c.stream, "first_seq", s.FirstSeq, "last_seq", s.LastSeq, "messages", s.Msgs)
 	if s.Msgs > 0 && s.FirstSeq > 1 {
 		if r.cfg.FromSeq == 0 {
@@ -182,15 +177,11 @@ func (r *HistoryRebuild) open(ctx context.Context, c *historyCopier) error {
 
 // copyToEnd reads c's stream up to its last sequence as of now and inserts the rows into table.
 func (r *HistoryRebuild) copyToEnd(ctx context.Context, c *historyCopier, table string) error {
-	st, err := r.js.Stream(ctx, c.stream)
+	s, err := streamState(ctx, r.js, c.stream)
 	if err != nil {
-		return fmt.Errorf("look up %s: %w", c.stream, err)
+		return err
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("%s info: %w", c.stream, err)
-	}
-	target := info.State.LastSeq
+	target := s.LastSeq
 	t := c.table
 	t.name, t.insert = table, strings.Replace(t.insert, "INSERT INTO "+c.table.name+" ", "INSERT INTO "+table+" ", 1)
 	var rows []any

@@ -61,6 +61,16 @@ func (r *logReader) open(ctx context.Context) error {
 	return fmt.Errorf("%s consumer from seq %d: %w", r.stream, r.next, err)
 }
 
+// streamState is stream's state as of now: js.Stream asks the server for the stream's info,
+// so its cached info is current and a second request (st.Info) would ask again.
+func streamState(ctx context.Context, js jetstream.JetStream, stream string) (jetstream.StreamState, error) {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return jetstream.StreamState{}, fmt.Errorf("%s info: %w", stream, err)
+	}
+	return st.CachedInfo().State, nil
+}
+
 // openTimeout bounds one attempt to create a reader's consumer.
 const openTimeout = time.Minute
 

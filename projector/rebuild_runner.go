@@ -378,10 +378,7 @@ func ResolveFromTime(ctx context.Context, js jetstream.JetStream, t time.Time) (
 	if err != nil {
 		return 0, fmt.Errorf("look up %s: %w", natsx.ReadingsStream, err)
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("%s info: %w", natsx.ReadingsStream, err)
-	}
+	info := st.CachedInfo() // current: js.Stream has just asked for it
 	if info.State.Msgs == 0 || t.After(info.State.LastTime) {
 		// Also keeps times beyond the year 2262 (no UnixNano) away from the server.
 		return 0, fmt.Errorf("%w: %s (the last one is from %s)", ErrNoReadingAfter, t.Format(time.RFC3339Nano), info.State.LastTime.Format(time.RFC3339Nano))

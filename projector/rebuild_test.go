@@ -96,15 +96,11 @@ func equalRows(t testing.TB, what string, got, want map[string]stateModelRow) {
 
 func eventsLastSeq(t testing.TB, e *stateEnv) uint64 {
 	t.Helper()
-	st, err := e.nats.JS.Stream(t.Context(), natsx.EventsStream)
+	s, err := streamState(t.Context(), e.nats.JS, natsx.EventsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.LastSeq
+	return s.LastSeq
 }
 
 func (e *stateEnv) newRebuild(t testing.TB, cfg RebuildConfig) *StateRebuild {
