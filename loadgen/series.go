@@ -130,14 +130,13 @@ type Sample struct {
 
 // Sampler takes a Sample every second from whichever sources are set.
 type Sampler struct {
-	Live         *Live
-	BridgeURLs   []string // /metrics of the processes running the bridge
-	StateURLs    []string // /metrics of the processes running the state projector
-	Receiver     *Receiver
-	State        *StateProbe
-	samples      []Sample
-	mu           sync.Mutex
-	lastReceived int64
+	Live       *Live
+	BridgeURLs []string // /metrics of the processes running the bridge
+	StateURLs  []string // /metrics of the processes running the state projector
+	Receiver   *Receiver
+	State      *StateProbe
+	samples    []Sample
+	mu         sync.Mutex
 }
 
 // Run samples every second until ctx is done.
@@ -146,6 +145,7 @@ func (s *Sampler) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var lastPub, lastRec, lastApp float64
+	var lastReceived int64
 	lastT := start
 	var wFrom, sFrom int
 	first := true
@@ -184,8 +184,8 @@ func (s *Sampler) Run(ctx context.Context) {
 				StateP50: math.NaN(), StateP99: math.NaN(), StateLag: math.NaN()}
 			if s.Receiver != nil {
 				n, _ := s.Receiver.Counts()
-				x.Webhooks = float64(n-s.lastReceived) / dt
-				s.lastReceived = n
+				x.Webhooks = float64(n-lastReceived) / dt
+				lastReceived = n
 				var l []time.Duration
 				l, wFrom = s.Receiver.Latencies(wFrom)
 				x.WebhookP50, x.WebhookP99 = Quantile(l, 0.5), Quantile(l, 0.99)
@@ -202,7 +202,7 @@ func (s *Sampler) Run(ctx context.Context) {
 			s.samples = append(s.samples, x)
 			s.mu.Unlock()
 		} else if s.Receiver != nil {
-			s.lastReceived, _ = s.Receiver.Counts()
+			lastReceived, _ = s.Receiver.Counts()
 			_, wFrom = s.Receiver.Latencies(math.MaxInt)
 		}
 		first = false
