@@ -27,14 +27,13 @@ type Receiver struct {
 	secret []byte
 
 	mu         sync.Mutex
-	seen       map[string]bool
+	seen       map[string]bool // webhook-ids received with a valid signature
 	duplicates int64
 	badSig     int64
 	byType     map[string]int64
 	lost       map[string]int64 // sensor → connection_lost count
 	lostAt     map[string]time.Time
 	latencies  []time.Duration // state_changed: receipt − occurred_at
-	received   int64           // distinct webhooks with a valid signature
 }
 
 // NewReceiver listens on addr (e.g. 127.0.0.1:0).
@@ -99,7 +98,6 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.seen[id] = true
-	r.received++
 	r.byType[p.Type]++
 	switch p.Type {
 	case "sensor.connection_lost":
@@ -128,7 +126,7 @@ type Tally struct {
 func (r *Receiver) Tally() Tally {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig, Received: r.received}
+	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig, Received: int64(len(r.seen))}
 	for k, v := range r.lostAt {
 		t.LostAt[k] = v
 	}
@@ -163,7 +161,7 @@ func (r *Receiver) Latencies(from int) ([]time.Duration, int) {
 func (r *Receiver) Counts() (received, duplicates int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.received, r.duplicates
+	return int64(len(r.seen)), r.duplicates
 }
 
 // Register creates a client for the receiver through the admin API at apiURL, registers the
