@@ -83,11 +83,15 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	_ = json.Unmarshal(body, &p)
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	mac := hmac.New(sha256.New, r.secret)
+	secret := r.secret
+	r.mu.Unlock()
+	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte(id + "." + ts + "." + string(body)))
 	want := "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
-	if !slices.Contains(strings.Fields(req.Header.Get("webhook-signature")), want) {
+	valid := slices.Contains(strings.Fields(req.Header.Get("webhook-signature")), want)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !valid {
 		r.badSig++
 		w.WriteHeader(http.StatusUnauthorized)
 		return
