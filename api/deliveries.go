@@ -54,12 +54,7 @@ func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDe
 			LastStatusCode: int32(d.LastStatus), LastError: d.LastError, CreateTime: ts(d.CreatedAt), DeadTime: ts(d.DeadAt),
 		}
 		if e := d.Event; e.ID != "" {
-			ev := &locksv1.SensorEvent{Id: e.ID, Type: eventTypes[e.Type], Time: ts(e.OccurredAt), Data: int32(e.Data), Revision: e.Revision}
-			if e.PreviousData != nil {
-				p := int32(*e.PreviousData)
-				ev.PreviousData = &p
-			}
-			dd.Event = ev
+			dd.Event = sensorEventProto(e.ID, e.Type, e.OccurredAt, e.Data, e.PreviousData, e.Revision)
 		}
 		out.DeadDeliveries = append(out.DeadDeliveries, dd)
 	}

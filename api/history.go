@@ -86,6 +86,17 @@ var eventTypes = map[string]locksv1.EventType{
 	event.TypeConnectionRestored: locksv1.EventType_EVENT_TYPE_CONNECTION_RESTORED,
 }
 
+// sensorEventProto renders an event, as the history store or a dead delivery's payload
+// holds it.
+func sensorEventProto(id, typ string, at time.Time, data uint8, prev *uint8, revision int64) *locksv1.SensorEvent {
+	ev := &locksv1.SensorEvent{Id: id, Type: eventTypes[typ], Time: ts(at), Data: int32(data), Revision: revision}
+	if prev != nil {
+		p := int32(*prev)
+		ev.PreviousData = &p
+	}
+	return ev
+}
+
 func (h *historyService) ListSensorEvents(ctx context.Context, req *locksv1.ListSensorEventsRequest) (*locksv1.ListSensorEventsResponse, error) {
 	if err := checkSensorID("sensor_id", req.GetSensorId()); err != nil {
 		return nil, err
@@ -103,12 +114,7 @@ func (h *historyService) ListSensorEvents(ctx context.Context, req *locksv1.List
 	}
 	out := &locksv1.ListSensorEventsResponse{NextPageToken: page.NextPageToken, Events: make([]*locksv1.SensorEvent, 0, len(page.Events))}
 	for _, e := range page.Events {
-		ev := &locksv1.SensorEvent{Id: e.ID, Type: eventTypes[e.Type], Time: ts(e.Time), Data: int32(e.Data), Revision: e.Revision}
-		if e.PreviousData != nil {
-			p := int32(*e.PreviousData)
-			ev.PreviousData = &p
-		}
-		out.Events = append(out.Events, ev)
+		out.Events = append(out.Events, sensorEventProto(e.ID, e.Type, e.Time, e.Data, e.PreviousData, e.Revision))
 	}
 	return out, nil
 }
