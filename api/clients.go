@@ -122,13 +122,10 @@ func (c *clientService) ListClients(ctx context.Context, req *locksv1.ListClient
 	if err != nil {
 		return nil, fmt.Errorf("list clients: %w", err)
 	}
-	out := &locksv1.ListClientsResponse{}
+	page, next := nextPage(list, n, listClients, "", func(r clientRow) string { return r.ID })
+	out := &locksv1.ListClientsResponse{NextPageToken: next}
 	now := time.Now()
-	for i, row := range list {
-		if i == n {
-			out.NextPageToken = encodePageToken(listClients, "", list[n-1].ID)
-			break
-		}
+	for _, row := range page {
 		out.Clients = append(out.Clients, row.proto(false, now))
 	}
 	return out, nil

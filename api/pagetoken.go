@@ -85,3 +85,12 @@ func decodePageToken(tok string, l list, scope string) (string, error) {
 	}
 	return string(rest[k:]), nil
 }
+
+// nextPage cuts rows, read with LIMIT n+1, to a page of n, and makes the token of the page
+// after it from the key of its last row ("" when rows held no more than n: the last page).
+func nextPage[T any](rows []T, n int, l list, scope string, key func(T) string) ([]T, string) {
+	if len(rows) <= n {
+		return rows, ""
+	}
+	return rows[:n], encodePageToken(l, scope, key(rows[n-1]))
+}

@@ -132,12 +132,9 @@ func (ss *sensorService) ListSensors(ctx context.Context, req *locksv1.ListSenso
 	if err != nil {
 		return nil, fmt.Errorf("list sensors: %w", err)
 	}
-	out := &locksv1.ListSensorsResponse{}
-	for i, row := range list {
-		if i == n {
-			out.NextPageToken = encodePageToken(listSensors, f.scope(), list[n-1].ID)
-			break
-		}
+	page, next := nextPage(list, n, listSensors, f.scope(), func(r sensorRow) string { return r.ID })
+	out := &locksv1.ListSensorsResponse{NextPageToken: next}
+	for _, row := range page {
 		out.Sensors = append(out.Sensors, row.proto())
 	}
 	return out, nil

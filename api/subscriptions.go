@@ -152,13 +152,10 @@ func (sub *subscriptionService) ListSensorClients(ctx context.Context, req *lock
 			return nil, err
 		}
 	}
-	out := &locksv1.ListSensorClientsResponse{}
+	page, next := nextPage(list, n, listSensorClients, sensorID, func(r clientRow) string { return r.ID })
+	out := &locksv1.ListSensorClientsResponse{NextPageToken: next}
 	now := time.Now()
-	for i, row := range list {
-		if i == n {
-			out.NextPageToken = encodePageToken(listSensorClients, sensorID, list[n-1].ID)
-			break
-		}
+	for _, row := range page {
 		out.Clients = append(out.Clients, row.proto(false, now))
 	}
 	return out, nil
@@ -194,12 +191,9 @@ func (sub *subscriptionService) ListClientSensors(ctx context.Context, req *lock
 			return nil, err
 		}
 	}
-	out := &locksv1.ListClientSensorsResponse{}
-	for i, row := range list {
-		if i == n {
-			out.NextPageToken = encodePageToken(listClientSensors, clientID, list[n-1].ID)
-			break
-		}
+	page, next := nextPage(list, n, listClientSensors, clientID, func(r sensorRow) string { return r.ID })
+	out := &locksv1.ListClientSensorsResponse{NextPageToken: next}
+	for _, row := range page {
 		out.Sensors = append(out.Sensors, row.proto())
 	}
 	return out, nil
