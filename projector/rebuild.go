@@ -272,16 +272,18 @@ func (r *StateRebuild) prepareShadow(ctx context.Context) (resumed bool, _ error
 	return resumed, nil
 }
 
-func (r *StateRebuild) liveCheckpoints(ctx context.Context, q interface {
+// readCheckpoints reads projection's checkpoints by partition, locking their rows when lock
+// is set (in partition order).
+func readCheckpoints(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, lock bool) (map[int]uint64, error) {
+}, projection string, lock bool) (map[int]uint64, error) {
 	sql := `SELECT partition, seq FROM checkpoints WHERE projection = $1 ORDER BY partition`
 	if lock {
 		sql += ` FOR UPDATE`
 	}
-	rows, err := q.Query(ctx, sql, StateProjection)
+	rows, err := q.Query(ctx, sql, projection)
 	if err != nil {
-		return nil, fmt.Errorf("read live checkpoints: %w", err)
+		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
 	}
 	out := map[int]uint64{}
 	for rows.Next() {
@@ -289,13 +291,13 @@ func (r *StateRebuild) liveCheckpoints(ctx context.Context, q interface {
 		var seq int64
 		if err := rows.Scan(&p, &seq); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("scan live checkpoint: %w", err)
+			return nil, fmt.Errorf("scan %s checkpoint: %w", projection, err)
 		}
 		out[p] = uint64(seq)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read live checkpoints: %w", err)
+		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
 	}
 	return out, nil
 }
@@ -317,7 +319,7 @@ func (r *StateRebuild) swap(ctx context.Context, workers []*rebuildWorker) (stri
 			SELECT $1, g, 0 FROM generate_series(0, $2::int - 1) AS g ON CONFLICT DO NOTHING`, StateProjection, r.cfg.PartitionCount); err != nil {
 			return fmt.Errorf("live checkpoint rows: %w", err)
 		}
-		live, err := r.liveCheckpoints(ctx, tx, true)
+		live, err := readCheckpoints(ctx, tx, StateProjection, true)
 		if err != nil {
 			return err
 		}
@@ -538,7 +540,7 @@ func (w *rebuildWorker) close(ctx context.Context) {
 func (w *rebuildWorker) follow(ctx context.Context) error {
 	inPool := func(ctx context.Context, f func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, w.r.pg, f) }
 	for {
-		live, err := w.r.liveCheckpoints(ctx, w.r.pg, false)
+		live, err := readCheckpoints(ctx, w.r.pg, StateProjection, false)
 		if err != nil {
 			return err
 		}

@@ -266,7 +266,7 @@ func (r *RebuildRunner) Projections(ctx context.Context) ([]ProjectionInfo, erro
 	}
 	var out []ProjectionInfo
 	for _, name := range []string{StateProjection, StateRebuildProjection} {
-		cps, err := r.checkpoints(ctx, name)
+		cps, err := readCheckpoints(ctx, r.d.PG, name, false)
 		if err != nil {
 			return nil, err
 		}
@@ -315,27 +315,6 @@ func (r *RebuildRunner) Projections(ctx context.Context) ([]ProjectionInfo, erro
 		hi.Rebuild = &s
 	}
 	return append(out, hi), nil
-}
-
-func (r *RebuildRunner) checkpoints(ctx context.Context, projection string) (map[int]uint64, error) {
-	rows, err := r.d.PG.Query(ctx, `SELECT partition, seq FROM checkpoints WHERE projection = $1`, projection)
-	if err != nil {
-		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
-	}
-	defer rows.Close()
-	out := map[int]uint64{}
-	for rows.Next() {
-		var p int
-		var seq int64
-		if err := rows.Scan(&p, &seq); err != nil {
-			return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
-		}
-		out[p] = uint64(seq)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
-	}
-	return out, nil
 }
 
 // partitionLag counts the messages of partition p after seq cp, with a consumer that lives
