@@ -24,13 +24,12 @@ import (
 
 const projParts = 4
 
-// projEnv is an API server with a rebuild runner on a private NATS, the env's Postgres and a
+// projEnv is an API server with a rebuild runner on a private NATS, the env's Postgres (db) and a
 // fresh ClickHouse database.
 type projEnv struct {
 	*env
 	nats *testenv.NATSEnv
 	ch   driver.Conn
-	pg   *pgxpool.Pool
 	proj locksv1.ProjectionServiceClient
 }
 
@@ -42,10 +41,9 @@ func newProjEnv(t *testing.T) *projEnv {
 		t.Fatal(err)
 	}
 	p.env = newEnv(t, func(_ *Config, d *Deps) {
-		p.pg = d.DB.(*pgxpool.Pool)
 		r, err := projector.NewRebuildRunner(projector.RebuildRunnerConfig{PartitionCount: projParts,
 			State: projector.RebuildConfig{ProgressEvery: 100 * time.Millisecond, BatchSize: 500}},
-			projector.RebuildRunnerDeps{JS: p.nats.JS, PG: p.pg, CH: p.ch, Log: testenv.Logger(t)})
+			projector.RebuildRunnerDeps{JS: p.nats.JS, PG: d.DB.(*pgxpool.Pool), CH: p.ch, Log: testenv.Logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +144,7 @@ func TestProjectionsRebuild(t *testing.T) {
 	}
 
 	st, err := projector.NewState(projector.StateConfig{Partitions: partition.All(projParts), PartitionCount: projParts, IdleWait: 100 * time.Millisecond,
-		RelayPoll: 50 * time.Millisecond}, projector.StateDeps{JS: p.nats.JS, PG: p.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry()})
+		RelayPoll: 50 * time.Millisecond}, projector.StateDeps{JS: p.nats.JS, PG: p.db, Log: testenv.Logger(t), Reg: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,14 +173,14 @@ func TestProjectionsRebuild(t *testing.T) {
 		}
 		return p.count(`SELECT count(*) FROM outbox`) == 0
 	})
-	before := stateTableText(t, p.pg)
+	before := stateTableText(t, p.db)
 	if len(before) != sensors {
 		t.Fatalf("%d sensor_state rows, want %d", len(before), sensors)
 	}
 
 	// Hold the rebuild at its start (the lock it takes before creating the shadow) so that
 	// it is surely running when the second request comes.
-	hold, err := p.pg.Acquire(t.Context())
+	hold, err := p.db.Acquire(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +219,7 @@ func TestProjectionsRebuild(t *testing.T) {
 		!strings.HasPrefix(done["old_table"].(string), projector.StateOldTablePrefix) || done["error"] != "" {
 		t.Errorf("finished rebuild: %v", done)
 	}
-	if after := stateTableText(t, p.pg); strings.Join(after, "\n") != strings.Join(before, "\n") {
+	if after := stateTableText(t, p.db); strings.Join(after, "\n") != strings.Join(before, "\n") {
 		t.Errorf("rebuilt sensor_state differs from the one before:\n%v\nwant\n%v", after, before)
 	}
 	if _, ok := p.list(t)[projector.StateRebuildProjection]; ok {
