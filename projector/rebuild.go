@@ -174,7 +174,12 @@ func (r *StateRebuild) Run(ctx context.Context) (RebuildResult, error) {
 	}
 	phase := atomic.Value{}
 	phase.Store("catch-up")
-	stopProgress := r.reportProgress(workers, &phase, start)
+	stopProgress := reportProgress(r.log, r.cfg.ProgressEvery, r.cfg.Progress, func() (done, pending uint64) {
+		for _, w := range workers {
+			done, pending = done+w.done.Load(), pending+w.pending.Load()
+		}
+		return done, pending
+	}, &phase, start)
 	defer stopProgress()
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -435,14 +440,14 @@ func DropOldState(ctx context.Context, pg *pgxpool.Pool) ([]string, error) {
 	return names, nil
 }
 
-func (r *StateRebuild) reportProgress(workers []*rebuildWorker, phase *atomic.Value, start time.Time) (stop func()) {
+// reportProgress calls progress (or, when it is nil, logs) every period and once at stop,
+// with the counts of messages done and pending that counts sums up.
+func reportProgress(log *slog.Logger, period time.Duration, progress func(RebuildProgress), counts func() (done, pending uint64),
+	phase *atomic.Value, start time.Time) (stop func()) {
 	snapshot := func() RebuildProgress {
 		var pr RebuildProgress
-		for _, w := range workers {
-			d := w.done.Load()
-			pr.Done += d
-			pr.Total += d + w.pending.Load()
-		}
+		d, p := counts()
+		pr.Done, pr.Total = d, d+p
 		pr.Phase = phase.Load().(string)
 		if el := time.Since(start).Seconds(); el > 0 {
 			pr.Rate = float64(pr.Done) / el
@@ -454,17 +459,17 @@ func (r *StateRebuild) reportProgress(workers []*rebuildWorker, phase *atomic.Va
 	}
 	emit := func() {
 		pr := snapshot()
-		if r.cfg.Progress != nil {
-			r.cfg.Progress(pr)
+		if progress != nil {
+			progress(pr)
 			return
 		}
-		r.log.Info("rebuild progress", "phase", pr.Phase, "done", pr.Done, "total", pr.Total,
+		log.Info("rebuild progress", "phase", pr.Phase, "done", pr.Done, "total", pr.Total,
 			"per_second", int64(pr.Rate), "eta", pr.ETA.Round(time.Second))
 	}
 	quit, finished := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(r.cfg.ProgressEvery)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			select {

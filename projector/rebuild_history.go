@@ -40,11 +40,10 @@ type HistoryRebuildConfig struct {
 
 // HistoryRebuild rebuilds the history projection; see the comment above.
 type HistoryRebuild struct {
-	cfg   HistoryRebuildConfig
-	js    jetstream.JetStream
-	ch    driver.Conn
-	log   *slog.Logger
-	state *StateRebuild // for its progress reporting only
+	cfg HistoryRebuildConfig
+	js  jetstream.JetStream
+	ch  driver.Conn
+	log *slog.Logger
 }
 
 // NewHistoryRebuild checks its dependencies.
@@ -62,8 +61,7 @@ func NewHistoryRebuild(cfg HistoryRebuildConfig, js jetstream.JetStream, ch driv
 		return nil, errors.New("history rebuild: JetStream, ClickHouse and logger are required")
 	}
 	log = log.With("part", "rebuild", "projection", "history")
-	return &HistoryRebuild{cfg: cfg, js: js, ch: ch, log: log,
-		state: &StateRebuild{cfg: RebuildConfig{ProgressEvery: cfg.ProgressEvery, Progress: cfg.Progress}, log: log}}, nil
+	return &HistoryRebuild{cfg: cfg, js: js, ch: ch, log: log}, nil
 }
 
 // historyCopier fills one table from its stream.
@@ -107,7 +105,12 @@ func (r *HistoryRebuild) Run(ctx context.Context) (RebuildResult, error) {
 	}
 	phase := atomic.Value{}
 	phase.Store("catch-up")
-	stop := r.progress(copiers, &phase, start)
+	stop := reportProgress(r.log, r.cfg.ProgressEvery, r.cfg.Progress, func() (done, pending uint64) {
+		for _, c := range copiers {
+			done, pending = done+c.done.Load(), pending+c.pend.Load()
+		}
+		return done, pending
+	}, &phase, start)
 	defer stop()
 
 	// Catch up twice: the second round is short, and so is the time the live projector
@@ -236,39 +239,6 @@ func (r *HistoryRebuild) copyToEnd(ctx context.Context, c *historyCopier, table 
 		}
 	}
 	return flush()
-}
-
-func (r *HistoryRebuild) progress(copiers []*historyCopier, phase *atomic.Value, start time.Time) func() {
-	// The state rebuild's reporter counts workers' done and pending: feed it copiers' counts.
-	ws := make([]*rebuildWorker, len(copiers))
-	for i := range ws {
-		ws[i] = &rebuildWorker{}
-	}
-	quit := make(chan struct{})
-	go func() {
-		t := time.NewTicker(r.cfg.ProgressEvery / 4)
-		defer t.Stop()
-		for {
-			for i, c := range copiers {
-				ws[i].done.Store(c.done.Load())
-				ws[i].pending.Store(c.pend.Load())
-			}
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	stop := r.state.reportProgress(ws, phase, start)
-	return func() {
-		close(quit)
-		for i, c := range copiers {
-			ws[i].done.Store(c.done.Load())
-			ws[i].pending.Store(c.pend.Load())
-		}
-		stop()
-	}
 }
 
 // DropOldHistory drops the history tables earlier swaps replaced and returns their names.
