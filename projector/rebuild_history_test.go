@@ -57,18 +57,11 @@ func TestHistoryRebuild(t *testing.T) {
 	}
 	_, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
 	historyWaitRows(t, e.ch, 6000, 60*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "the live history's 20 events and 20 deliveries", func() bool {
 		ne, _ := historyDigest(t, e.ch, historyTables[1], "events")
 		nd, _ := historyDigest(t, e.ch, historyTables[2], "deliveries")
-		if ne == 20 && nd == 20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("live history: %d events, %d deliveries, want 20 each", ne, nd)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return ne == 20 && nd == 20
+	})
 
 	// The rest is ingested while the rebuild runs.
 	var sent atomic.Int64
@@ -123,7 +116,7 @@ func TestHistoryRebuildRefusesTruncatedLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Purge(t.Context(), jetstreamPurgeTo(50)); err != nil {
+	if err := st.Purge(t.Context(), jetstream.WithPurgeSequence(50)); err != nil {
 		t.Fatal(err)
 	}
 	r, err := NewHistoryRebuild(HistoryRebuildConfig{}, e.nats.JS, e.ch, testenv.Logger(t))
@@ -136,8 +129,6 @@ func TestHistoryRebuildRefusesTruncatedLog(t *testing.T) {
 		t.Fatalf("history rebuild of a truncated READINGS: %v, want ErrLogTruncated", err)
 	}
 }
-
-func jetstreamPurgeTo(seq uint64) jetstream.StreamPurgeOpt { return jetstream.WithPurgeSequence(seq) }
 
 // A history rebuild stopped halfway starts its shadows over on the next run and ends with
 // every reading exactly once.
