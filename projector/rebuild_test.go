@@ -350,14 +350,7 @@ func TestHelperRebuildProcess(t *testing.T) {
 		return
 	}
 	n, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_PARTITIONS"))
-	nc, err := natsx.Connect(os.Getenv("LOCKS_TEST_NATS_URL"), "rebuild-child", testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testenv.JetStream(t, os.Getenv("LOCKS_TEST_NATS_URL"), "rebuild-child")
 	pg, err := pgxpool.New(t.Context(), os.Getenv("LOCKS_TEST_PG_URL"))
 	if err != nil {
 		t.Fatal(err)
