@@ -32,7 +32,7 @@ func BenchmarkStateRebuild(b *testing.B) {
 		r := rand.New(rand.NewPCG(11, 12))
 		var pub statePublished
 		pubStart := time.Now()
-		rebuildPublishFast(b, e.nats.NC, e.n, rebuildReadingsGen(r, stateSensorIDs(r, sensors), readings, 0.8, stateT0), &pub, false)
+		rebuildPublishFast(b, e.nats.NC, e.n, rebuildReadingsGen(r, stateSensorIDs(r, sensors), readings, 0.8, stateT0), &pub)
 		b.Logf("published %d readings in %s", readings, time.Since(pubStart).Round(time.Millisecond))
 
 		start := time.Now()
@@ -93,8 +93,8 @@ func rebuildSliceGen(logs []event.Log) func() (event.Log, bool) {
 
 // rebuildPublishFast appends what next yields to READINGS with async publishes in a large
 // window and no message ids (nothing for the stream to de-duplicate), and records each
-// partition's last sequence in into (the logs and their sequences too when keep is set).
-func rebuildPublishFast(t testing.TB, nc *nats.Conn, n int, next func() (event.Log, bool), into *statePublished, keep bool) {
+// partition's last sequence in into.
+func rebuildPublishFast(t testing.TB, nc *nats.Conn, n int, next func() (event.Log, bool), into *statePublished) {
 	t.Helper()
 	const window = 50_000
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(window))
@@ -106,9 +106,8 @@ func rebuildPublishFast(t testing.TB, nc *nats.Conn, n int, next func() (event.L
 	}
 	futs := make([]jetstream.PubAckFuture, 0, window)
 	parts := make([]int, 0, window)
-	chunk := make([]event.Log, 0, window)
 	for done := false; !done; {
-		futs, parts, chunk = futs[:0], parts[:0], chunk[:0]
+		futs, parts = futs[:0], parts[:0]
 		for len(futs) < window {
 			l, ok := next()
 			if !ok {
@@ -121,9 +120,6 @@ func rebuildPublishFast(t testing.TB, nc *nats.Conn, n int, next func() (event.L
 			}
 			futs = append(futs, f)
 			parts = append(parts, partition.Of(l.SensorID, n))
-			if keep {
-				chunk = append(chunk, l)
-			}
 		}
 		for i, f := range futs {
 			var a *jetstream.PubAck
@@ -135,10 +131,6 @@ func rebuildPublishFast(t testing.TB, nc *nats.Conn, n int, next func() (event.L
 				t.Fatal(errors.New("no publish ack within 60s"))
 			}
 			into.maxSeq[parts[i]] = max(into.maxSeq[parts[i]], a.Sequence)
-			if keep {
-				into.logs = append(into.logs, chunk[i])
-				into.seqs = append(into.seqs, a.Sequence)
-			}
 		}
 	}
 }

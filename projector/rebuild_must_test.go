@@ -97,7 +97,7 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 
 	var pub statePublished
 	logs := rebuildLog(3, sensors, count)
-	rebuildPublishFast(t, e.nats.NC, e.n, rebuildSliceGen(logs), &pub, false)
+	rebuildPublishFast(t, e.nats.NC, e.n, rebuildSliceGen(logs), &pub)
 	t.Logf("%s: %d messages published", time.Since(t0).Round(time.Millisecond), len(logs))
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	hist, err := NewHistory(HistoryConfig{Partitions: partition.All(e.n), BatchSize: 20_000, FlushInterval: 100 * time.Millisecond},
