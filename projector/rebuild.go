@@ -499,8 +499,8 @@ type rebuildWorker struct {
 	pending atomic.Uint64
 }
 
-// open loads the shadow's rows and checkpoint of the partition and opens an ordered
-// consumer right after it.
+// open loads the shadow's rows and checkpoint of the partition and opens a logReader on
+// the partition right after it (and one on its EVENTS, for the checks).
 func (w *rebuildWorker) open(ctx context.Context) error {
 	r := w.r
 	var cp int64
