@@ -41,7 +41,7 @@ func replayFlags(fs *flag.FlagSet) *replayOptions {
 // runReplay rebuilds a projection into shadow tables and swaps it in, showing progress on
 // stderr: one rewritten line on a terminal, log lines otherwise.
 func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr io.Writer, log *slog.Logger) error {
-	doState, doHistory := o.projection == projector.StateProjection || o.projection == "all", o.projection == "history" || o.projection == "all"
+	doState, doHistory := o.projection == projector.StateProjection || o.projection == "all", o.projection == projector.HistoryProjection || o.projection == "all"
 	if !doState && !doHistory {
 		return &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
 	}
