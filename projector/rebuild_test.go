@@ -130,6 +130,21 @@ func afterRebuild(t testing.TB, e *stateEnv, res RebuildResult) {
 	}
 }
 
+// rebuildContinues runs the rebuild again after an interrupted one (the run) and asserts it
+// continued the shadow of the readings log and ended equal to the live rows (rebuilt how).
+func rebuildContinues(t testing.TB, e *stateEnv, readings int, live map[string]stateModelRow, run, how string) {
+	t.Helper()
+	res, err := e.newRebuild(t, RebuildConfig{BatchSize: 500}).Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterRebuild(t, e, res)
+	if !res.Resumed || res.Applied == 0 || res.Applied >= uint64(readings) {
+		t.Errorf("%s %+v: want it to continue the shadow (%d readings in all)", run, res, readings)
+	}
+	equalRows(t, "sensor_state rebuilt "+how+" vs the live one", loadStateTable(t, e, "sensor_state"), live)
+}
+
 func TestStateRebuildEqualsLive(t *testing.T) {
 	t.Parallel()
 	e := newStateEnv(t, 4)
@@ -264,15 +279,7 @@ func TestStateRebuildResumes(t *testing.T) {
 	}
 	equalRows(t, "live sensor_state after a stopped rebuild", loadStateTable(t, e, "sensor_state"), live)
 
-	res, err := e.newRebuild(t, RebuildConfig{BatchSize: 500}).Run(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	afterRebuild(t, e, res)
-	if !res.Resumed || res.Applied == 0 || res.Applied >= uint64(len(pub.logs)) {
-		t.Errorf("second run %+v: want it to continue the shadow (%d readings in all)", res, len(pub.logs))
-	}
-	equalRows(t, "sensor_state rebuilt in two runs vs the live one", loadStateTable(t, e, "sensor_state"), live)
+	rebuildContinues(t, e, len(pub.logs), live, "second run", "in two runs")
 	if got := eventsLastSeq(t, e); got != evsBefore {
 		t.Errorf("EVENTS went from seq %d to %d during the rebuilds", evsBefore, got)
 	}
@@ -390,15 +397,7 @@ func TestStateRebuildCrash(t *testing.T) {
 		t.Fatal("the killed rebuild left no shadow checkpoint")
 	}
 
-	res, err := e.newRebuild(t, RebuildConfig{BatchSize: 500}).Run(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	afterRebuild(t, e, res)
-	if !res.Resumed || res.Applied == 0 || res.Applied >= uint64(len(pub.logs)) {
-		t.Errorf("run after the crash %+v: want it to continue the shadow (%d readings in all)", res, len(pub.logs))
-	}
-	equalRows(t, "sensor_state rebuilt across a crash vs the live one", loadStateTable(t, e, "sensor_state"), live)
+	rebuildContinues(t, e, len(pub.logs), live, "run after the crash", "across a crash")
 	checkStateAgainstModel(t, e, &pub)
 }
 
