@@ -50,29 +50,7 @@ func rebuildLog(seed uint64, sensors, count int) []event.Log {
 
 func loadStateTable(t testing.TB, e *stateEnv, table string) map[string]stateModelRow {
 	t.Helper()
-	rows, err := e.pg.Query(t.Context(), `SELECT sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq FROM `+
-		pgx.Identifier{table}.Sanitize())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]stateModelRow{}
-	for rows.Next() {
-		var id string
-		var r stateModelRow
-		var data int16
-		var seq int64
-		if err := rows.Scan(&id, &r.Partition, &data, &r.LastSeen, &r.LastReadingTime, &r.ChangedAt, &r.Revision, &r.Connection, &seq); err != nil {
-			t.Fatal(err)
-		}
-		r.Data, r.LastSeq = uint8(data), uint64(seq)
-		r.LastSeen, r.LastReadingTime, r.ChangedAt = r.LastSeen.UTC(), r.LastReadingTime.UTC(), r.ChangedAt.UTC()
-		out[id] = r
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return loadStateRowsFrom(t, e.pg, table)
 }
 
 // equalRows fails the test on any difference between two tables' rows.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -274,7 +275,14 @@ func buildStateModel(pub *statePublished, n int) stateModel {
 
 func loadStateRows(t testing.TB, pg *pgxpool.Pool) map[string]stateModelRow {
 	t.Helper()
-	rows, err := pg.Query(t.Context(), `SELECT sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq FROM sensor_state`)
+	return loadStateRowsFrom(t, pg, "sensor_state")
+}
+
+// loadStateRowsFrom reads a table shaped like sensor_state (the live one, or a rebuild's).
+func loadStateRowsFrom(t testing.TB, pg *pgxpool.Pool, table string) map[string]stateModelRow {
+	t.Helper()
+	rows, err := pg.Query(t.Context(), `SELECT sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq FROM `+
+		pgx.Identifier{table}.Sanitize())
 	if err != nil {
 		t.Fatal(err)
 	}
