@@ -74,7 +74,7 @@ func (c *HistoryConfig) setDefaults() {
 		c.BackoffMax = 10 * time.Second
 	}
 	if c.Durable == "" {
-		c.Durable = "history"
+		c.Durable = DefaultHistoryDurable
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
@@ -335,7 +335,7 @@ func (s *historySink) sources(cfg HistoryConfig) []*historySource {
 	case "readings":
 		var out []*historySource
 		for _, p := range cfg.Partitions {
-			out = append(out, &historySource{stream: natsx.ReadingsStream, durable: cfg.Durable + "_readings_" + strconv.Itoa(p),
+			out = append(out, &historySource{stream: natsx.ReadingsStream, durable: historyReadingsConsumer(cfg.Durable, p),
 				filter: natsx.ReadingsPartitionFilter(p)})
 		}
 		return out
@@ -351,6 +351,15 @@ func (s *historySink) sources(cfg HistoryConfig) []*historySource {
 		// consumer, and JetStream splits its messages between them.
 		return []*historySource{{stream: natsx.DeliveriesStream, durable: cfg.Durable + "_deliveries"}}
 	}
+}
+
+// DefaultHistoryDurable prefixes the history projector's consumer names by default.
+const DefaultHistoryDurable = "history"
+
+// historyReadingsConsumer names the history projector's READINGS consumer of partition p,
+// which the rebuild runner also reads its checkpoint and lag from.
+func historyReadingsConsumer(durable string, p int) string {
+	return durable + "_readings_" + strconv.Itoa(p)
 }
 
 func (s *historySink) pendingMessages() float64 {

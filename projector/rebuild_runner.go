@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -119,7 +118,7 @@ func NewRebuildRunner(cfg RebuildRunnerConfig, d RebuildRunnerDeps) (*RebuildRun
 		return nil, errors.New("rebuild runner: JS, PG, CH and Log are required")
 	}
 	if cfg.HistoryDurable == "" {
-		cfg.HistoryDurable = "history"
+		cfg.HistoryDurable = DefaultHistoryDurable
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &RebuildRunner{cfg: cfg, d: d, runs: map[string]*RebuildStatus{}, ctx: ctx, cancel: cancel}, nil
@@ -292,7 +291,7 @@ func (r *RebuildRunner) Projections(ctx context.Context) ([]ProjectionInfo, erro
 	hi := ProjectionInfo{Name: HistoryProjection}
 	for p := range r.cfg.PartitionCount {
 		part := PartitionInfo{Partition: p}
-		cons, err := st.Consumer(ctx, r.cfg.HistoryDurable+"_readings_"+strconv.Itoa(p))
+		cons, err := st.Consumer(ctx, historyReadingsConsumer(r.cfg.HistoryDurable, p))
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			// Never run: nothing applied.
