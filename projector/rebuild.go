@@ -681,20 +681,7 @@ func (w *rebuildWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fu
 	}
 	err := inTx(ctx, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		if len(upd.id) > 0 {
-			b.Queue(`UPDATE `+StateShadowTable+` s SET data = u.data, last_seen = u.last_seen,
-					last_reading_time = u.last_reading_time, changed_at = u.changed_at, revision = u.revision,
-					connection = u.connection, last_seq = u.last_seq
-				FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[], $8::bigint[])
-					AS u(sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
-				WHERE s.sensor_id = u.sensor_id`,
-				upd.id, upd.data, upd.seen, upd.read, upd.changed, upd.rev, upd.conn, upd.seq)
-		}
-		if len(ins.id) > 0 {
-			b.Queue(`INSERT INTO `+StateShadowTable+` (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
-				SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])`,
-				ins.id, ins.part, ins.data, ins.seen, ins.read, ins.changed, ins.rev, ins.conn, ins.seq)
-		}
+		queueStateRows(b, StateShadowTable, &upd, &ins)
 		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, $3)
 			ON CONFLICT (projection, partition) DO UPDATE SET seq = excluded.seq, updated_at = now()`,
 			StateRebuildProjection, w.p, int64(last))

@@ -657,22 +657,7 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cac
 				ins.add(id, p, state[id])
 			}
 		}
-		if len(upd.id) > 0 {
-			// UPDATE … FROM unnest rather than INSERT … ON CONFLICT: no speculative insertion
-			// for rows known to exist.
-			w.Queue(`UPDATE sensor_state s SET data = u.data, last_seen = u.last_seen,
-					last_reading_time = u.last_reading_time, changed_at = u.changed_at, revision = u.revision,
-					connection = u.connection, last_seq = u.last_seq
-				FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[], $8::bigint[])
-					AS u(sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
-				WHERE s.sensor_id = u.sensor_id`,
-				upd.id, upd.data, upd.seen, upd.read, upd.changed, upd.rev, upd.conn, upd.seq)
-		}
-		if len(ins.id) > 0 {
-			w.Queue(`INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
-				SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])`,
-				ins.id, ins.part, ins.data, ins.seen, ins.read, ins.changed, ins.rev, ins.conn, ins.seq)
-		}
+		queueStateRows(w, "sensor_state", &upd, &ins)
 		if len(evs) > 0 {
 			eid := make([]string, len(evs))
 			sid := make([]string, len(evs))
@@ -751,6 +736,28 @@ func (c *stateColumns) add(id string, p int, r stateRow) {
 	c.id, c.part, c.data = append(c.id, id), append(c.part, int32(p)), append(c.data, int16(r.data))
 	c.seen, c.read, c.changed = append(c.seen, r.lastSeen), append(c.read, r.lastReadingTime), append(c.changed, r.changedAt)
 	c.rev, c.conn, c.seq = append(c.rev, r.revision), append(c.conn, conn), append(c.seq, int64(r.lastSeq))
+}
+
+// queueStateRows queues the writes of rows to table (sensor_state, or a rebuild's shadow):
+// upd are rows known to exist, updated in place with UPDATE … FROM unnest rather than
+// INSERT … ON CONFLICT (no speculative insertion), ins new rows. When upd has rows, the
+// UPDATE is the batch's first statement, for the caller to check its row count.
+func queueStateRows(b *pgx.Batch, table string, upd, ins *stateColumns) {
+	t := pgx.Identifier{table}.Sanitize()
+	if len(upd.id) > 0 {
+		b.Queue(`UPDATE `+t+` s SET data = u.data, last_seen = u.last_seen,
+				last_reading_time = u.last_reading_time, changed_at = u.changed_at, revision = u.revision,
+				connection = u.connection, last_seq = u.last_seq
+			FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[], $8::bigint[])
+				AS u(sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+			WHERE s.sensor_id = u.sensor_id`,
+			upd.id, upd.data, upd.seen, upd.read, upd.changed, upd.rev, upd.conn, upd.seq)
+	}
+	if len(ins.id) > 0 {
+		b.Queue(`INSERT INTO `+t+` (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+			SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])`,
+			ins.id, ins.part, ins.data, ins.seen, ins.read, ins.changed, ins.rev, ins.conn, ins.seq)
+	}
 }
 
 type stateMetrics struct {
