@@ -11,6 +11,7 @@ import (
 	"hash"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -227,6 +228,8 @@ type item struct {
 	pubErr  error
 	confirm *amqp.DeferredConfirmation
 	reason  string
+	// dup: a redelivered reading an earlier session had appended; it is acked, not appended.
+	dup bool
 	// done is closed once the acker has resolved a reading's append (or given up on it).
 	done chan struct{}
 }
@@ -335,6 +338,10 @@ func (b *Bridge) session(ctx context.Context) error {
 	stopDrain := context.AfterFunc(ctx, func() { time.AfterFunc(b.cfg.DrainTimeout, cancelDrain) })
 	defer stopDrain()
 
+	sess, err := startSession(ctx, b.js, time.Now())
+	if err != nil {
+		return err
+	}
 	pending := make(chan item, b.cfg.MaxInFlight)
 	var (
 		failOnce sync.Once
@@ -352,7 +359,7 @@ func (b *Bridge) session(ctx context.Context) error {
 	ackerDone := make(chan struct{})
 	go func() {
 		defer close(ackerDone)
-		b.acker(dctx, ch, pending, returns, fail)
+		b.acker(dctx, ch, sess, pending, returns, fail)
 	}()
 
 	var readErr error
@@ -378,7 +385,10 @@ read:
 				readErr = errors.New("RabbitMQ channel closed")
 				break read
 			}
-			it := b.handle(ctx, pub, d, ord)
+			if !d.Redelivered {
+				sess.firstFresh.CompareAndSwap(0, d.DeliveryTag)
+			}
+			it := b.handle(ctx, pub, d, ord, sess)
 			b.m.inFlight.Inc()
 			pending <- it // bounded: blocks while MaxInFlight messages await their ack
 		}
@@ -416,7 +426,7 @@ func declareQueue(conn *amqp.Connection, q string) error {
 
 // handle starts the work on one delivery: an async append, or a confirmed publish to the
 // invalid queue. It never blocks on the result.
-func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery, ord *order) item {
+func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery, ord *order, sess *session) item {
 	now := time.Now().UTC()
 	it := item{tag: d.DeliveryTag, start: now}
 	r, err := Decode(d.Body, now)
@@ -446,22 +456,37 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 		return it
 	}
 	id := MessageID(d)
+	origin := sess.id + "/" + strconv.FormatUint(d.DeliveryTag, 10)
 	body, err := json.Marshal(event.Log{
 		V: event.Version, Kind: event.KindReading, SensorID: r.SensorID, Data: r.Data,
-		Time: r.Time, ReceivedTime: r.ReceivedTime, MessageID: id,
+		Time: r.Time, ReceivedTime: r.ReceivedTime, MessageID: id, Origin: origin,
 	})
 	if err != nil { // cannot happen for a decoded reading; never ack what was not appended
 		it.pubErr = fmt.Errorf("encode reading: %w", err)
 		return it
 	}
 	msg := &nats.Msg{Subject: natsx.ReadingsSubject(r.SensorID), Data: body, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, id)
+	msg.Header.Set(jetstream.MsgIDHeader, natsMsgID(r.SensorID, d.MessageId, origin))
 	if !ord.wait(ctx, r.SensorID) {
 		// Not appended and never acked: RabbitMQ redelivers it, in order, to the next session.
 		// No done channel: nothing waits for an item that was never tracked, and the acker
 		// closes the done channel of every item it gets (closing it here too panicked).
 		it.pubErr = errors.New("session ended before the previous reading of the sensor was stored")
 		return it
+	}
+	if d.Redelivered {
+		// After the sensor's earlier readings of this session are resolved (ord.wait), so
+		// that the look-back sees the log as it will stay.
+		strong := d.MessageId != "" || r.HasTS || !d.Timestamp.IsZero()
+		dup, err := sess.appended(ctx, r.SensorID, id, strong)
+		if err != nil {
+			it.pubErr = fmt.Errorf("check a redelivered reading: %w", err)
+			return it
+		}
+		if dup {
+			it.dup = true
+			return it
+		}
 	}
 	it.done = make(chan struct{})
 	ord.track(r.SensorID, it.done)
@@ -472,15 +497,23 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 
 // acker resolves items in delivery order and acks RabbitMQ after each effect is durable,
 // several at a time with multiple=true. After fail it only drains.
-func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan item, returns <-chan amqp.Return, fail func(error)) {
+func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pending <-chan item, returns <-chan amqp.Return, fail func(error)) {
 	var (
-		lastTag uint64
-		unacked int
-		failed  bool
+		lastTag   uint64
+		lastStart time.Time
+		unacked   int
+		failed    bool
 	)
 	batch := max(1, b.cfg.Prefetch/4)
 	flush := func() {
 		if unacked == 0 || failed {
+			return
+		}
+		// Recorded before the ack, so a later session never takes an acked reading for an
+		// unacked one (see identity.go).
+		if err := b.recordSession(ctx, sess, lastTag, lastStart); err != nil {
+			failed = true
+			fail(err)
 			return
 		}
 		if err := ch.Ack(lastTag, true); err != nil {
@@ -489,6 +522,7 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan ite
 			return
 		}
 		unacked = 0
+		sess.acked(ctx, lastTag, sess.firstFresh.Load())
 	}
 	for {
 		var it item
@@ -521,13 +555,33 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, pending <-chan ite
 		if err != nil {
 			continue
 		}
-		lastTag = it.tag
+		lastTag, lastStart = it.tag, it.start
 		unacked++
 		if unacked >= batch {
 			flush()
 		}
 	}
 	flush()
+}
+
+// recordSession writes the session's record, retrying while NATS is away (appends wait then
+// too) until ctx ends.
+func (b *Bridge) recordSession(ctx context.Context, sess *session, tag uint64, since time.Time) error {
+	wait := 100 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+		err := sess.record(rctx, tag, since)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // resolve waits until the item's effect is durable. Before it blocks, it calls idle: acks
@@ -563,6 +617,11 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 		default:
 		}
 		b.m.invalid.WithLabelValues(it.reason).Inc()
+		return nil
+	}
+	if it.dup {
+		b.m.duplicates.Inc()
+		b.m.accepted.Inc()
 		return nil
 	}
 	if it.msg == nil {

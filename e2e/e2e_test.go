@@ -401,3 +401,82 @@ func TestReadingsToWebhooks(t *testing.T) {
 		t.Fatalf("invalid queue: %v %v %+v", ok, err, m)
 	}
 }
+
+// Sensors in the field send only sensor_id and data. A door closed, opened and closed again
+// within seconds sends the same body twice, and both are readings: every change is notified,
+// the state ends where the door is, and history holds every reading (issue 13).
+func TestSeedFormatEveryReadingCounts(t *testing.T) {
+	t.Parallel()
+	s := start(t, "LOCKS_RETRY_SCHEDULE=200ms,400ms")
+	rcv := newReceiver(t)
+	var client struct {
+		ID string `json:"id"`
+	}
+	if code := s.call("POST", "/v1/clients", map[string]string{"name": "seed", "webhook_url": rcv.URL + "/hook"}, &client); code != 200 {
+		t.Fatalf("create client: %d", code)
+	}
+	sequences := map[string][]int{"doorC": {1, 0, 1}, "doorD": {1, 1, 0, 0, 1}}
+	for id := range sequences {
+		if code := s.call("POST", "/v1/sensors", map[string]string{"id": id, "address": "seed " + id}, nil); code != 200 {
+			t.Fatalf("register %s: %d", id, code)
+		}
+		if code := s.call("PUT", "/v1/sensors/"+id+"/clients/"+client.ID, nil, nil); code != 200 {
+			t.Fatalf("subscribe to %s: %d", id, code)
+		}
+	}
+	for i := range 5 {
+		for _, id := range []string{"doorC", "doorD"} {
+			if seq := sequences[id]; i < len(seq) {
+				s.publish(fmt.Sprintf(`{"sensor_id":%q,"data":%d}`, id, seq[i]))
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// doorC: 1, 0, 1 are three changes; doorD: 1, 1, 0, 0, 1 are three (1, 0, 1).
+	got := rcv.wait(t, 6, 30*time.Second)
+	time.Sleep(time.Second) // nothing more may come
+	rcv.mu.Lock()
+	got = append([]webhook(nil), rcv.got...)
+	rcv.mu.Unlock()
+	changes := map[string][]int{}
+	for _, h := range got {
+		if h.payload.Type != "sensor.state_changed" {
+			t.Fatalf("unexpected %s for %s", h.payload.Type, h.payload.Sensor.ID)
+		}
+		id := h.payload.Sensor.ID
+		if want := int64(len(changes[id]) + 1); h.payload.Revision != want {
+			t.Fatalf("%s: revision %d, want %d", id, h.payload.Revision, want)
+		}
+		changes[id] = append(changes[id], *h.payload.Data)
+	}
+	for id, want := range map[string][]int{"doorC": {1, 0, 1}, "doorD": {1, 0, 1}} {
+		if fmt.Sprint(changes[id]) != fmt.Sprint(want) {
+			t.Errorf("%s: changes %v, want %v", id, changes[id], want)
+		}
+		var st struct {
+			Data     int    `json:"data"`
+			Revision string `json:"revision"`
+		}
+		if code := s.call("GET", "/v1/sensors/"+id+"/state", nil, &st); code != 200 || st.Data != 1 || st.Revision != "3" {
+			t.Errorf("state of %s: %d %+v, want data 1 revision 3", id, code, st)
+		}
+	}
+	// Every reading is kept, the repeated bodies included.
+	for id, seq := range sequences {
+		testenv.Eventually(t, 20*time.Second, id+"'s readings in history", func() bool {
+			var h struct {
+				Readings []struct {
+					Data int `json:"data"`
+				} `json:"readings"`
+			}
+			if code := s.call("GET", "/v1/sensors/"+id+"/readings", nil, &h); code != 200 {
+				return false
+			}
+			var data []int
+			for _, r := range h.Readings {
+				data = append(data, r.Data)
+			}
+			return fmt.Sprint(data) == fmt.Sprint(seq)
+		})
+	}
+}

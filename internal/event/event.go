@@ -37,8 +37,10 @@ var ErrVersion = errors.New("unknown envelope version")
 // Log is one READINGS message.
 //
 // For a reading: Data, Time (the sensor's ts, or ReceivedTime when it sent none),
-// ReceivedTime (server time, which decides liveness) and MessageID (the AMQP message_id, or a
-// digest of the body when it had none).
+// ReceivedTime (server time, which decides liveness), MessageID (the AMQP message_id, or a
+// digest of the body and properties when it had none) and Origin, the AMQP delivery that
+// carried it ("<bridge session>/<delivery tag>"), which lets a bridge tell a redelivered
+// message that was already appended from one that was not (see bridge/identity.go).
 //
 // For a liveness_timeout: ReceivedTime is the server time at which the watchdog saw the
 // sensor's key expire, and LostAfter the timeout in force for the sensor then, so that the
@@ -51,6 +53,7 @@ type Log struct {
 	Time         time.Time     `json:"time"`
 	ReceivedTime time.Time     `json:"received_time"`
 	MessageID    string        `json:"message_id,omitempty"`
+	Origin       string        `json:"origin,omitempty"`
 	LostAfter    time.Duration `json:"lost_after,omitempty"`
 }
 

@@ -39,7 +39,7 @@ func decodeLogFast(b []byte) (m Log, ok bool) {
 				return m, false
 			}
 			m.V = int(n)
-		case "kind", "sensor_id", "message_id":
+		case "kind", "sensor_id", "message_id", "origin":
 			s, sok := p.str()
 			if !sok {
 				return m, false
@@ -49,6 +49,8 @@ func decodeLogFast(b []byte) (m Log, ok bool) {
 				m.Kind = string(s)
 			case "sensor_id":
 				m.SensorID = string(s)
+			case "origin":
+				m.Origin = string(s)
 			default:
 				m.MessageID = string(s)
 			}

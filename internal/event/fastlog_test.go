@@ -18,7 +18,7 @@ func logSeeds(t testing.TB) [][]byte {
 	ts := time.Date(2026, 11, 22, 10, 0, 0, 123456789, time.UTC)
 	var seeds [][]byte
 	for _, l := range []Log{
-		{V: Version, Kind: KindReading, SensorID: "lock-1", Data: 1, Time: ts, ReceivedTime: ts.Add(time.Second), MessageID: "m-1"},
+		{V: Version, Kind: KindReading, SensorID: "lock-1", Data: 1, Time: ts, ReceivedTime: ts.Add(time.Second), MessageID: "m-1", Origin: "s3ss10n/42"},
 		{V: Version, Kind: KindReading, SensorID: "x", Data: 0, Time: ts, ReceivedTime: ts},
 		{V: Version, Kind: KindLivenessTimeout, SensorID: "lock_2", ReceivedTime: ts, LostAfter: time.Hour},
 	} {

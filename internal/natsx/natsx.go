@@ -28,6 +28,13 @@ const (
 	ReadingsIn     = "readings.in."
 	EventsStream   = "EVENTS"
 	LivenessBucket = "liveness"
+	// BridgeSessionsBucket holds, per bridge session (one AMQP channel), the last delivery tag
+	// it is about to ack, so that a later session can tell which of its redelivered messages
+	// were already appended (see bridge/identity.go).
+	BridgeSessionsBucket = "bridge_sessions"
+	// BridgeSessionsTTL is how long a session's record is kept: a message RabbitMQ redelivers
+	// later than this after its session died is appended again if it had been appended.
+	BridgeSessionsTTL = 7 * 24 * time.Hour
 	// DeliveriesStream records every webhook attempt: deliveries.<client_id>.
 	DeliveriesStream = "DELIVERIES"
 )
@@ -137,8 +144,23 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	if err != nil {
 		return fmt.Errorf("declare KV bucket %s: %w", LivenessBucket, err)
 	}
+	_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BridgeSessionsBucket,
+		Description: "per bridge session, the last AMQP delivery tag it acked (or is acking)",
+		History:     1,
+		TTL:         BridgeSessionsTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("declare KV bucket %s: %w", BridgeSessionsBucket, err)
+	}
 	return nil
 }
+
+// ReadingsSensorFilter is the stored subject of one sensor's READINGS messages, whatever
+// its partition.
+func ReadingsSensorFilter(sensorID string) string { return "readings.*." + sensorID }
 
 func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) error {
 	s, err := js.Stream(ctx, want.Name)
