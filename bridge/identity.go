@@ -228,7 +228,9 @@ func (s *session) candidates(ctx context.Context, sensor string, since time.Time
 	if err != nil {
 		return nil, fmt.Errorf("read sensor %s's recent readings: %w", sensor, err)
 	}
-	defer func() { _ = s.js.DeleteConsumer(context.WithoutCancel(ctx), natsx.ReadingsStream, cons.CachedInfo().Name) }()
+	defer func() {
+		_ = s.js.DeleteConsumer(context.WithoutCancel(ctx), natsx.ReadingsStream, cons.CachedInfo().Name)
+	}()
 	pending := int(cons.CachedInfo().NumPending)
 	var out []candidate
 	for pending > 0 {
