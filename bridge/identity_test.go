@@ -1,0 +1,142 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// perSensor is READINGS as each sensor's data in stream order.
+func perSensor(t *testing.T, e *env) map[string][]uint8 {
+	t.Helper()
+	logs, _ := e.readings(t)
+	out := map[string][]uint8{}
+	for _, l := range logs {
+		out[l.SensorID] = append(out[l.SensorID], l.Data)
+	}
+	return out
+}
+
+// seedFleet is n readings in the seed's format ({"sensor_id", "data"}, no ts) over sensors,
+// each sensor's data going 1, 1, 0, 0, 1, 1, 0, 0…, so most bodies repeat the one before.
+// With ids, each sensor numbers its messages with a counter of its own: every message_id is
+// used by every sensor.
+func seedFleet(n, sensors int, ids bool) ([]amqp.Publishing, map[string][]uint8) {
+	var msgs []amqp.Publishing
+	want := map[string][]uint8{}
+	for i := range n {
+		id, k := fmt.Sprintf("s%d", i%sensors), i/sensors
+		data := uint8(1 - (k/2)%2)
+		p := amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			Body: fmt.Appendf(nil, `{"sensor_id":%q,"data":%d}`, id, data)}
+		if ids {
+			p.MessageId = fmt.Sprint(k)
+		}
+		msgs = append(msgs, p)
+		want[id] = append(want[id], data)
+	}
+	return msgs, want
+}
+
+func TestBridgeEqualBodiesAreReadings(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	msgs, want := seedFleet(200, 7, false)
+	e.publish(t, msgs)
+	stop := e.start(t, Config{Prefetch: 50})
+	testenv.Eventually(t, time.Minute, "all readings appended", func() bool { return e.streamMsgs(t) >= 200 })
+	e.quiesce(t)
+	stop()
+	if got := perSensor(t, e); !mapsEqual(got, want) {
+		t.Fatalf("READINGS per sensor %v, want %v", got, want)
+	}
+}
+
+func TestBridgeMessageIDIsPerSensor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	pub := func(sensor, id string, data int) amqp.Publishing {
+		return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, `{"sensor_id":%q,"data":%d}`, sensor, data)}
+	}
+	e.publish(t, []amqp.Publishing{
+		pub("a", "1", 1), pub("b", "1", 0), pub("c", "1", 1), // three sensors, one id: three readings
+		pub("a", "1", 1), // a's own message 1 sent again: the same reading
+		pub("a", "2", 0), pub("b", "2", 1),
+	})
+	stop := e.start(t, Config{})
+	testenv.Eventually(t, time.Minute, "readings appended", func() bool { return e.streamMsgs(t) >= 5 })
+	e.quiesce(t)
+	stop()
+	want := map[string][]uint8{"a": {1, 0}, "b": {0, 1}, "c": {1}}
+	if got := perSensor(t, e); !mapsEqual(got, want) {
+		t.Fatalf("READINGS per sensor %v, want %v", got, want)
+	}
+	if d := metricValue(e.bridge.m.duplicates); d != 1 {
+		t.Fatalf("duplicates %v, want 1 (a's message 1 sent twice)", d)
+	}
+}
+
+// TestBridgeSeedFormatCrash kills a bridge between JetStream's ack and the AMQP ack while the
+// fleet sends the seed's format, where most bodies equal the one before: after the
+// redelivery every sensor's readings are in READINGS exactly once, in order, so no state
+// change is lost or doubled.
+func TestBridgeSeedFormatCrash(t *testing.T) {
+	t.Parallel()
+	for _, ids := range []bool{false, true} {
+		t.Run(fmt.Sprintf("message_id=%v", ids), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, "")
+			const n, sensors, crashAt = 600, 11, 250
+			msgs, want := seedFleet(n, sensors, ids)
+			e.publish(t, msgs)
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), childEnv+"=1", childNATSEnv+"="+e.nats.URL, childAMQPEnv+"="+e.amqp,
+				childQueueEnv+"="+e.queue, fmt.Sprintf("%s=%s:%d", crashpoint.Env, CrashAfterPublish, crashAt))
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
+				t.Fatalf("child bridge: %v, want exit %d\n%s", err, crashpoint.ExitCode, out)
+			}
+			afterCrash := e.streamMsgs(t)
+			if afterCrash <= crashAt {
+				t.Fatalf("READINGS holds %d after the crash: nothing was appended and left unacked", afterCrash)
+			}
+			stop := e.start(t, Config{Prefetch: 100})
+			testenv.Eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= n })
+			e.quiesce(t)
+			stop()
+			if got := e.queueReady(t, e.queue); got != 0 {
+				t.Fatalf("%d messages left in the queue", got)
+			}
+			if got := perSensor(t, e); !mapsEqual(got, want) {
+				t.Fatalf("READINGS per sensor after the crash\n got %v\nwant %v", got, want)
+			}
+			if d := metricValue(e.bridge.m.duplicates); d < 1 {
+				t.Fatalf("duplicates %v: the child died with appended, unacked readings (%d stored, %d acked at most), none recognised",
+					d, afterCrash, crashAt)
+			}
+			t.Logf("READINGS held %d after the crash; %v redeliveries recognised as appended", afterCrash, metricValue(e.bridge.m.duplicates))
+		})
+	}
+}
+
+func mapsEqual(a, b map[string][]uint8) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
