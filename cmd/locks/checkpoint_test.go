@@ -144,7 +144,12 @@ func TestStoreLostStateRefusesThenRebases(t *testing.T) {
 	_, stop := start()
 	js := testenv.JetStream(t, "nats://"+listen, "test-1")
 	publish(js, a, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0)
-	testenv.Eventually(t, 30*time.Second, "a applied", func() bool { _, rev := row(a); return rev == 10 })
+	testenv.Eventually(t, 30*time.Second, "a applied and its events relayed", func() bool {
+		var outbox int
+		_ = pg.QueryRow(t.Context(), `SELECT count(*) FROM outbox`).Scan(&outbox)
+		_, rev := row(a)
+		return rev == 10 && outbox == 0
+	})
 	stop()
 
 	// The store is lost; Postgres is kept.
@@ -198,12 +203,18 @@ func TestStoreLostStateRefusesThenRebases(t *testing.T) {
 	if got := mismatch("0"); got != "0" {
 		t.Errorf("locks_checkpoint_mismatch of partition 0 after the rebase = %q, want 0", got)
 	}
+	var revs []int64
+	defer func() {
+		if t.Failed() {
+			t.Logf("a's events in EVENTS: revisions %v; log:\n%s", revs, log)
+		}
+	}()
 	testenv.Eventually(t, 30*time.Second, "a's events 11-13 in EVENTS", func() bool {
 		st, err := js.Stream(t.Context(), natsx.EventsStream)
 		if err != nil {
 			return false
 		}
-		var revs []int64
+		revs = revs[:0]
 		for seq := uint64(1); ; seq++ {
 			m, err := st.GetMsg(t.Context(), seq)
 			if err != nil {
