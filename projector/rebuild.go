@@ -134,6 +134,8 @@ type StateRebuild struct {
 	js  jetstream.JetStream
 	pg  *pgxpool.Pool
 	log *slog.Logger
+	// pos is READINGS as plan found it: the shadow's checkpoints name its stream.
+	pos streamPosition
 
 	afterBatch func() // tests: called after each committed shadow batch
 }
@@ -207,6 +209,19 @@ func (r *StateRebuild) Run(ctx context.Context) (RebuildResult, error) {
 
 // plan says, before anything is written, what the streams no longer hold.
 func (r *StateRebuild) plan(ctx context.Context) (eventsTruncated bool, _ error) {
+	var err error
+	if r.pos, err = readingsPosition(ctx, r.js); err != nil {
+		return false, err
+	}
+	// The shadow follows the live checkpoints: ones of another stream (or ahead of this one)
+	// can never be reached, and the live projector refuses them anyway.
+	bad, err := mismatchedCheckpoints(ctx, r.pg, StateProjection, r.pos, false)
+	if err != nil {
+		return false, err
+	}
+	if len(bad) > 0 {
+		return false, fmt.Errorf("%d partition(s) of the live projection cannot be followed, first %w; %s", len(bad), bad[0], bad[0].WayOut())
+	}
 	s, err := streamState(ctx, r.js, natsx.ReadingsStream)
 	if err != nil {
 		return false, err
@@ -247,8 +262,19 @@ func (r *StateRebuild) prepareShadow(ctx context.Context) (resumed bool, _ error
 			return fmt.Errorf("look up %s: %w", StateShadowTable, err)
 		}
 		if exists {
-			resumed = true
-			return nil
+			bad, err := mismatchedCheckpoints(ctx, tx, StateRebuildProjection, r.pos, false)
+			if err != nil {
+				return err
+			}
+			if len(bad) == 0 {
+				resumed = true
+				return nil
+			}
+			// Continuing it would skip readings of this stream; it is only derived.
+			r.log.Warn("the shadow of an interrupted rebuild was made from another READINGS stream: starting over", "reason", bad[0].Error())
+			if _, err := tx.Exec(ctx, `DROP TABLE `+StateShadowTable); err != nil {
+				return fmt.Errorf("drop %s: %w", StateShadowTable, err)
+			}
 		}
 		var opts string
 		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ', '), '') FROM pg_class WHERE oid = 'sensor_state'::regclass`).Scan(&opts); err != nil {
@@ -682,9 +708,9 @@ func (w *rebuildWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fu
 	err := inTx(ctx, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		queueStateRows(b, StateShadowTable, &upd, &ins)
-		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, $3)
-			ON CONFLICT (projection, partition) DO UPDATE SET seq = excluded.seq, updated_at = now()`,
-			StateRebuildProjection, w.p, int64(last))
+		b.Queue(`INSERT INTO checkpoints (projection, partition, seq, stream) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (projection, partition) DO UPDATE SET seq = excluded.seq, stream = excluded.stream, updated_at = now()`,
+			StateRebuildProjection, w.p, int64(last), w.r.pos.id)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("write %s: %w", StateShadowTable, err)
 		}

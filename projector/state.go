@@ -124,6 +124,8 @@ type State struct {
 	m     *stateMetrics
 	wake  map[int]chan struct{}
 	relay *Relay
+	// refused are the partitions whose checkpoints do not belong to READINGS (checkpoint.go).
+	refused *refusals
 }
 
 // NewState checks the configuration and registers the metrics.
@@ -148,6 +150,9 @@ func NewState(cfg StateConfig, d StateDeps) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.refused, err = newRefusals(d.Reg, StateProjection, cfg.Partitions, s.log); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -166,6 +171,10 @@ func (s *State) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// Ready is nil unless a partition is stopped because its checkpoint does not belong to
+// READINGS (for /readyz): the error names the partitions and the way out.
+func (s *State) Ready(ctx context.Context) error { return s.refused.Ready(ctx) }
 
 func stateConsumerName(p int) string { return "state-p" + strconv.Itoa(p) }
 
@@ -196,12 +205,19 @@ func (s *State) runPartition(ctx context.Context, p int) error {
 	for ctx.Err() == nil {
 		if w.cons == nil {
 			if err := w.reset(ctx); err != nil {
-				if ctx.Err() == nil {
+				var mm *CheckpointMismatchError
+				switch {
+				case errors.As(err, &mm):
+					// Stopped loudly, and looked at again (up to every 3 s) for the store
+					// to come back or the checkpoints to be rebased; other partitions go on.
+					s.refused.refuse(mm)
+				case ctx.Err() == nil:
 					w.log.Warn("recreate READINGS consumer", "err", err)
 				}
 				backoff()
 				continue
 			}
+			s.refused.clear(p)
 		}
 		msgs, err := w.fetch(ctx)
 		if err != nil {
@@ -253,12 +269,22 @@ func (s *State) runPartition(ctx context.Context, p int) error {
 	return nil
 }
 
-// reset recreates the partition's durable consumer to start right after the checkpoint.
+// reset recreates the partition's durable consumer to start right after the checkpoint,
+// once the checkpoint is known to belong to READINGS (a *CheckpointMismatchError otherwise).
 func (w *statePartWorker) reset(ctx context.Context) error {
-	cp, err := w.s.checkpoint(ctx, w.p)
+	cp, stream, err := w.s.checkpoint(ctx, w.p)
 	if err != nil {
 		return err
 	}
+	pos, err := readingsPosition(ctx, w.s.js)
+	if err != nil {
+		return err
+	}
+	if err := checkCheckpoint(StateProjection, w.p, cp, stream, pos); err != nil {
+		return err
+	}
+	// The batches' transactions hold the checkpoint to this stream.
+	w.cache.stream = pos.id
 	name := stateConsumerName(w.p)
 	if err := w.s.js.DeleteConsumer(ctx, natsx.ReadingsStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("delete consumer %s: %w", name, err)
@@ -367,17 +393,19 @@ func (s *State) nudge(p int) {
 	}
 }
 
-func (s *State) checkpoint(ctx context.Context, p int) (uint64, error) {
+// checkpoint returns partition p's checkpoint and the stream it names ("" when unknown).
+func (s *State) checkpoint(ctx context.Context, p int) (uint64, string, error) {
 	var seq int64
-	err := s.pg.QueryRow(ctx, `SELECT seq FROM checkpoints WHERE projection = $1 AND partition = $2`,
-		StateProjection, p).Scan(&seq)
+	var stream string
+	err := s.pg.QueryRow(ctx, `SELECT seq, coalesce(stream, '') FROM checkpoints WHERE projection = $1 AND partition = $2`,
+		StateProjection, p).Scan(&seq, &stream)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
+		return 0, "", nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("read checkpoint of partition %d: %w", p, err)
+		return 0, "", fmt.Errorf("read checkpoint of partition %d: %w", p, err)
 	}
-	return uint64(seq), nil
+	return uint64(seq), stream, nil
 }
 
 // stateRow is a sensor_state row.
@@ -495,6 +523,10 @@ type stateCache struct {
 	// in under the same name (see rebuild.go), and the rows cached are then not its rows.
 	table uint32
 	max   int
+	// stream is the identity of the READINGS stream the partition's consumer reads (set
+	// when it is created): a batch refuses a checkpoint written on another stream, and
+	// writes this one with its own. Empty: not known (the checkpoint's is kept).
+	stream string
 }
 
 func newStateCache(max int) *stateCache {
@@ -565,7 +597,7 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cac
 		state = make(map[string]stateRow, len(ids))
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, StateProjection, p)
-		b.Queue(`SELECT seq FROM checkpoints WHERE projection = $1 AND partition = $2 FOR UPDATE`, StateProjection, p)
+		b.Queue(`SELECT seq, coalesce(stream, '') FROM checkpoints WHERE projection = $1 AND partition = $2 FOR UPDATE`, StateProjection, p)
 		// After the checkpoint lock, which a rebuild's swap holds while renaming the tables;
 		// read from the catalog (not a regclass constant) so that no cached plan keeps it.
 		b.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
@@ -576,11 +608,18 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cac
 			return fmt.Errorf("insert checkpoint: %w", err)
 		}
 		var cp64 int64
-		if err := br.QueryRow().Scan(&cp64); err != nil {
+		var cpStream string
+		if err := br.QueryRow().Scan(&cp64, &cpStream); err != nil {
 			br.Close()
 			return fmt.Errorf("lock checkpoint: %w", err)
 		}
 		cp := uint64(cp64)
+		if cp > 0 && cpStream != "" && cache.stream != "" && cpStream != cache.stream {
+			// Rebased or written by a process on another stream since this consumer was
+			// created: deciding by this sequence would skip or repeat readings.
+			br.Close()
+			return &CheckpointMismatchError{Projection: StateProjection, Partition: p, Seq: cp, Stream: cpStream, Current: cache.stream}
+		}
 		var table uint32
 		if err := br.QueryRow().Scan(&table); err != nil {
 			br.Close()
@@ -675,8 +714,8 @@ func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cac
 				SELECT e, $2, s, r, b FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bytea[]) WITH ORDINALITY AS t(e, s, r, b, o)
 				ORDER BY o`, eid, p, sid, rev, payload)
 		}
-		w.Queue(`UPDATE checkpoints SET seq = $3, updated_at = now() WHERE projection = $1 AND partition = $2`,
-			StateProjection, p, int64(lastSeq))
+		w.Queue(`UPDATE checkpoints SET seq = $3, stream = coalesce(nullif($4, ''), stream), updated_at = now() WHERE projection = $1 AND partition = $2`,
+			StateProjection, p, int64(lastSeq), cache.stream)
 		br = tx.SendBatch(ctx, w)
 		if len(upd.id) > 0 {
 			tag, err := br.Exec()

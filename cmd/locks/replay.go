@@ -26,6 +26,7 @@ type replayOptions struct {
 	fromTime   string
 	batch      int
 	dropOld    bool
+	rebase     bool
 }
 
 func replayFlags(fs *flag.FlagSet) *replayOptions {
@@ -35,6 +36,8 @@ func replayFlags(fs *flag.FlagSet) *replayOptions {
 	fs.StringVar(&o.fromTime, "from-time", "", "start at the first READINGS message stored at or after this time (RFC 3339); excludes --from-seq")
 	fs.IntVar(&o.batch, "batch-size", 5000, "READINGS messages per shadow transaction")
 	fs.BoolVar(&o.dropOld, "drop-old", false, "drop the tables earlier rebuilds replaced, and do nothing else")
+	fs.BoolVar(&o.rebase, "rebase", false, "state only: restart the checkpoints that belong to another READINGS stream (the NATS store was lost or replaced) "+
+		"at the stream's start (or --from-seq/--from-time), keeping sensor_state, and do nothing else")
 	return o
 }
 
@@ -44,6 +47,9 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	doState, doHistory := o.projection == projector.StateProjection || o.projection == "all", o.projection == projector.HistoryProjection || o.projection == "all"
 	if !doState && !doHistory {
 		return &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
+	}
+	if o.rebase && (doHistory || o.dropOld) {
+		return &config.Error{Var: "--rebase", Value: "true", Reason: "only with --projection=state, and not with --drop-old"}
 	}
 	var fromTime time.Time
 	if o.fromTime != "" {
@@ -112,6 +118,11 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 			return fmt.Errorf("--from-time=%s: %w", o.fromTime, err)
 		}
 		log.Info("--from-time resolved to the first READINGS message at or after it", "from_time", o.fromTime, "from_seq", o.fromSeq)
+	}
+	if o.rebase {
+		// The live state projector picks the rebased checkpoints up by itself.
+		_, err := projector.RebaseState(ctx, js, pool, o.fromSeq, log)
+		return err
 	}
 	var tty *os.File
 	if f, ok := stderr.(*os.File); ok {

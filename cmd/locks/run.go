@@ -141,8 +141,14 @@ func buildPart(name string, d deps) (runner, error) {
 	case "notifier":
 		return notifier.New(d.cfg, notifier.Deps{JS: d.js, DB: d.pg, Log: d.log, Reg: d.reg, Partitions: d.partitions})
 	case "state":
-		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
+		st, err := projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
+		if err != nil {
+			return nil, err
+		}
+		// A partition whose checkpoint belongs to another READINGS stream is stopped: not ready.
+		d.ops.AddCheck("state", st.Ready)
+		return st, nil
 	case "history":
 		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions,
 			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval}, d.js, d.ch, d.log, d.reg)
