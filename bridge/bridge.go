@@ -30,6 +30,14 @@ import (
 // ErrorHeader names the reason of an invalid message in the invalid queue.
 const ErrorHeader = "x-lock-sensors-error"
 
+// SizeHeader carries the original size in bytes of a body that was too big: the invalid
+// queue keeps only its first InvalidPrefix bytes.
+const SizeHeader = "x-lock-sensors-original-size"
+
+// InvalidPrefix is how much of a too-big body the invalid queue keeps: enough to see what
+// sent it, never a flood's worth.
+const InvalidPrefix = MaxBodySize
+
 // CrashAfterPublish is the crash point between JetStream's ack of an append and the AMQP ack.
 const CrashAfterPublish = "bridge.after_publish"
 
@@ -57,6 +65,10 @@ type Config struct {
 	// DrainTimeout bounds how long a stopping bridge waits for the appends in flight so
 	// that it can ack them (default 10s); what it cannot ack is redelivered and de-duplicated.
 	DrainTimeout time.Duration
+	// InvalidMaxLength caps the invalid queue when the bridge declares it (default 100,000
+	// messages, the oldest dropped first), so a flood of bad messages cannot fill
+	// RabbitMQ's disk. A queue that already exists keeps its own arguments and policies.
+	InvalidMaxLength int
 }
 
 func (c *Config) setDefaults() {
@@ -83,6 +95,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
+	}
+	if c.InvalidMaxLength <= 0 {
+		c.InvalidMaxLength = 100_000
 	}
 }
 
@@ -305,10 +320,12 @@ func (b *Bridge) session(ctx context.Context) error {
 	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	for _, q := range []string{b.cfg.Queue, b.cfg.InvalidQueue} {
-		if err := declareQueue(conn, q); err != nil {
-			return err
-		}
+	if err := declareQueue(conn, b.cfg.Queue, nil); err != nil {
+		return err
+	}
+	invalidArgs := amqp.Table{"x-max-length": int64(b.cfg.InvalidMaxLength), "x-overflow": "drop-head"}
+	if err := declareQueue(conn, b.cfg.InvalidQueue, invalidArgs); err != nil {
+		return err
 	}
 	pub, err := pubConn.Channel()
 	if err != nil {
@@ -404,7 +421,7 @@ read:
 // declareQueue declares q durable if it is missing, and takes it as it is if it exists, so
 // that an operator may create it with arguments of their own (a quorum queue, a length
 // limit) without the bridge failing on "inequivalent arg".
-func declareQueue(conn *amqp.Connection, q string) error {
+func declareQueue(conn *amqp.Connection, q string, args amqp.Table) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -416,7 +433,7 @@ func declareQueue(conn *amqp.Connection, q string) error {
 		if ch, err = conn.Channel(); err != nil {
 			return fmt.Errorf("open channel: %w", err)
 		}
-		_, err = ch.QueueDeclare(q, true, false, false, false, nil)
+		_, err = ch.QueueDeclare(q, true, false, false, false, args)
 	}
 	if err != nil {
 		return fmt.Errorf("declare queue %s: %w", q, err)
@@ -442,6 +459,11 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 			headers[k] = v
 		}
 		headers[ErrorHeader] = msg
+		body := d.Body
+		if len(body) > InvalidPrefix {
+			headers[SizeHeader] = int64(len(body))
+			body = body[:InvalidPrefix]
+		}
 		it.confirm, it.pubErr = pub.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.InvalidQueue, true, false, amqp.Publishing{
 			Headers:       headers,
 			ContentType:   d.ContentType,
@@ -451,7 +473,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 			Timestamp:     d.Timestamp,
 			Type:          d.Type,
 			AppId:         d.AppId,
-			Body:          d.Body,
+			Body:          body,
 		})
 		return it
 	}

@@ -124,6 +124,14 @@ func TestBridgeOneInvalidInTen(t *testing.T) {
 			t.Fatalf("get from invalid queue: %v %v", ok, err)
 		}
 		h, ok := wantHeader[string(d.Body)]
+		if !ok && len(d.Body) == InvalidPrefix { // a too-big body, cut
+			for body, hh := range wantHeader {
+				if len(body) > InvalidPrefix && body[:InvalidPrefix] == string(d.Body) && d.Headers[SizeHeader] == int64(len(body)) {
+					h, ok, d.Body = hh, true, []byte(body)
+					break
+				}
+			}
+		}
 		if !ok {
 			t.Fatalf("unexpected body in invalid queue: %.80q", d.Body)
 		}

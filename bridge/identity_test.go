@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,4 +140,48 @@ func mapsEqual(a, b map[string][]uint8) bool {
 		}
 	}
 	return true
+}
+
+// The invalid queue is bounded: a too-big body is kept as a prefix with its size, and the
+// queue the bridge declares drops its oldest messages past InvalidMaxLength.
+func TestBridgeInvalidQueueBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	big := `{"sensor_id":"s1","data":1,"pad":"` + strings.Repeat("x", 1<<20) + `"}`
+	var msgs []amqp.Publishing
+	for i := range 12 {
+		msgs = append(msgs, amqp.Publishing{Body: fmt.Appendf(nil, "not json %d", i)})
+	}
+	msgs = append(msgs, amqp.Publishing{Body: []byte(big)}, amqp.Publishing{Body: []byte(`{"sensor_id":"s1","data":1}`)})
+	e.publish(t, msgs)
+	stop := e.start(t, Config{InvalidMaxLength: 5})
+	testenv.Eventually(t, time.Minute, "the reading appended", func() bool { return e.streamMsgs(t) == 1 })
+	e.quiesce(t)
+	stop()
+	if got := e.queueReady(t, e.queue+".invalid"); got != 5 {
+		t.Fatalf("invalid queue holds %d, want its cap of 5", got)
+	}
+	var bodies []string
+	for range 5 {
+		d, ok, err := e.ch.Get(e.queue+".invalid", true)
+		if err != nil || !ok {
+			t.Fatalf("get from the invalid queue: %v %v", ok, err)
+		}
+		bodies = append(bodies, string(d.Body))
+		if len(d.Body) > InvalidPrefix {
+			t.Fatalf("the invalid queue holds a body of %d bytes, more than %d", len(d.Body), InvalidPrefix)
+		}
+		if string(d.Body) == big[:InvalidPrefix] {
+			if d.Headers[SizeHeader] != int64(len(big)) || d.Headers[ErrorHeader] != "body: larger than 4 KiB" {
+				t.Fatalf("the too-big body's headers: %v", d.Headers)
+			}
+		}
+	}
+	want := []string{"not json 8", "not json 9", "not json 10", "not json 11", big[:InvalidPrefix]}
+	if !slices.Equal(bodies, want) {
+		t.Fatalf("invalid queue %.40q, want the newest five %.40q", bodies, want)
+	}
+	if got := metricValue(e.bridge.m.invalid.WithLabelValues(ReasonNotJSON)); got != 12 {
+		t.Fatalf("invalid{not_json} = %v, want 12: every invalid message is counted, kept or not", got)
+	}
 }
