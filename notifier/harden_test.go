@@ -1,11 +1,8 @@
 package notifier
 
 import (
-	"bytes"
-	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,24 +50,6 @@ func TestHugeResponseHeadersFailTheAttempt(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink shared by the notifier's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A receiver's token in its URL's query string (and a password in its user info) appears
 // neither in the attempt errors stored in DELIVERIES (shown in the delivery history) nor in
 // the log lines that carry them.
@@ -93,8 +72,7 @@ func TestWebhookURLSecretsStayOutOfErrorsAndLogs(t *testing.T) {
 	e.client("c1", url)
 	e.sensor("s1", "a")
 	e.subscribe("c1", "s1")
-	var logs lockedBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log, logs := testenv.CaptureLogger()
 	n, err := New(e.cfg, Deps{JS: e.nats.JS, DB: e.pool, Log: log, Reg: prometheus.NewRegistry(),
 		Options: Options{PollInterval: 100 * time.Millisecond, BreakerThreshold: 2, BreakerCooldown: 100 * time.Millisecond}})
 	if err != nil {

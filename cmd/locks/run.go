@@ -171,6 +171,8 @@ func buildPart(name string, d deps) (runner, error) {
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
+		// /readyz shows its checks' error text only with an API token.
+		d.ops.ShowDetailsTo(a.Authorized)
 		return rb.Alongside(a), nil
 	default:
 		return nil, fmt.Errorf("unknown part %q", name) // parseRunOptions admits only allTargets
