@@ -143,7 +143,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: in-process gRPC connection: %w", err)
 	}
-	gw, err := newGateway(s.conn)
+	gw, err := newGateway(s.conn, s.auth)
 	if err != nil {
 		return nil, err
 	}
@@ -206,4 +206,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 func (s *Server) checkWebhookURL(ctx context.Context, raw string) error {
 	return checkWebhookURL(ctx, raw, s.cfg.WebhookAllowPrivate, s.resolver)
+}
+
+// Authorized reports whether r carries one of the API's bearer tokens; /readyz shows its
+// checks' error text only to such requests.
+func (s *Server) Authorized(r *http.Request) bool {
+	return s.auth.check(r.Header.Get("Authorization")) == nil
 }

@@ -28,8 +28,9 @@ const maxBodyBytes = 1 << 20
 
 // newGateway is the REST API: JSON with the proto field names (lower_snake_case), enums by
 // name, zero values shown (data 0 is a state, not an absence), unknown fields refused, and
-// errors as {code, message, details} with the HTTP status of httpStatus.
-func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
+// errors as {code, message, details} with the HTTP status of httpStatus. Every request is
+// authenticated (auth.check, the interceptor's check) before its body is read.
+func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &fieldNamingJSON{runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true},
@@ -53,6 +54,15 @@ func newGateway(conn *grpc.ClientConn) (http.Handler, error) {
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The gateway decodes the body before it calls the gRPC server, whose interceptor
+		// authenticates: so without this, anyone could make the process read and parse up to
+		// maxBodyBytes, and a malformed body got a 400 describing it instead of a 401.
+		if err := auth.check(r.Header.Get("Authorization")); err != nil {
+			_, out := runtime.MarshalerForRequest(mux, r)
+			st, _ := statusOf(err)
+			runtime.HTTPError(r.Context(), mux, out, w, r, st.Err())
+			return
+		}
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
 		}

@@ -14,6 +14,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/lock-sensors/lock-sensors/internal/netguard"
 )
 
 // Limits of CONTRACT.md section 3 and of this API.
@@ -133,46 +135,9 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
-// blockedPrefixes are addresses a webhook must not reach unless private ones are allowed:
-// besides loopback, private, link-local and unspecified (checked with netip's methods), the
-// ranges that reach the local network or nothing at all.
-var blockedPrefixes = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),      // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"),  // carrier-grade NAT
-	netip.MustParsePrefix("192.0.0.0/24"),   // IETF protocol assignments
-	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking
-	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, broadcast
-	netip.MustParsePrefix("64:ff9b:1::/48"), // local-use NAT64
-	netip.MustParsePrefix("100::/64"),       // discard-only
-	netip.MustParsePrefix("fec0::/10"),      // deprecated site-local
-}
-
-// blockedAddr says why a is not a public address, or "" when it is.
-func blockedAddr(a netip.Addr) string {
-	a = a.Unmap()
-	switch {
-	case a.IsLoopback():
-		return "loopback"
-	case a.IsPrivate():
-		return "private"
-	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
-		return "link-local"
-	case a.IsUnspecified():
-		return "unspecified"
-	case a.IsMulticast(), a.IsInterfaceLocalMulticast():
-		return "multicast"
-	}
-	for _, p := range blockedPrefixes {
-		if p.Contains(a) {
-			return "non-public"
-		}
-	}
-	return ""
-}
-
 // checkWebhookURL accepts an absolute http or https URL without user info. Unless private
 // addresses are allowed, its host must be a public address or a name that resolves only to
-// public addresses. (The notifier should check again when it connects: DNS may change.)
+// public addresses (netguard.Reason). The notifier checks again when it connects: DNS may change.
 func checkWebhookURL(ctx context.Context, raw string, allowPrivate bool, r Resolver) error {
 	const field = "webhook_url"
 	if raw == "" {
@@ -216,8 +181,8 @@ func checkWebhookURL(ctx context.Context, raw string, allowPrivate bool, r Resol
 	}
 	const allow = "; set LOCKS_WEBHOOK_ALLOW_PRIVATE=true to allow such hosts"
 	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		if why := blockedAddr(a); why != "" {
-			return fieldErr(field, "host %s is a %s address%s", host, why, allow)
+		if why := netguard.Reason(a); why != "" {
+			return fieldErr(field, "host %s is not a public address: %s%s", host, why, allow)
 		}
 		return nil
 	}
@@ -239,8 +204,8 @@ func checkWebhookURL(ctx context.Context, raw string, allowPrivate bool, r Resol
 		return fieldErr(field, "host %s could not be resolved: %v", host, err)
 	}
 	for _, a := range addrs {
-		if why := blockedAddr(a); why != "" {
-			return fieldErr(field, "host %s resolves to %s, a %s address%s", host, a.Unmap(), why, allow)
+		if why := netguard.Reason(a); why != "" {
+			return fieldErr(field, "host %s resolves to %s, not a public address: %s%s", host, a.Unmap(), why, allow)
 		}
 	}
 	return nil

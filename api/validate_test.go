@@ -3,7 +3,6 @@ package api
 import (
 	"errors"
 	"net"
-	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
+	"github.com/lock-sensors/lock-sensors/internal/netguard"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -51,7 +51,18 @@ func TestCheckWebhookURL(t *testing.T) {
 		{"http://[fe80::1%25eth0]/", false, "link-local"},
 		{"http://0.0.0.0/", false, "unspecified"},
 		{"http://[::]/", false, "unspecified"},
-		{"http://100.64.0.1/", false, "non-public"},
+		{"http://100.64.0.1/", false, "carrier-grade NAT"},
+		{"http://198.18.0.1/", false, "benchmarking"},
+		{"http://192.0.0.8/", false, "IETF"},
+		{"http://240.0.0.1/", false, "reserved"},
+		{"http://255.255.255.255/", false, "broadcast"},
+		{"http://[fec0::1]/", false, "site-local"},
+		{"http://[64:ff9b::a00:1]/", false, "NAT64 form of 10.0.0.1"},
+		{"http://[2002:7f00:1::1]/", false, "6to4 form of 127.0.0.1"},
+		{"http://[::10.0.0.1]/", false, "IPv4-compatible form of 10.0.0.1"},
+		{"http://[::ffff:192.168.0.1]/", false, "private"},
+		{"http://[64:ff9b::808:808]/", false, ""},
+		{"http://[2002:808:808::1]/", false, ""},
 		{"http://239.1.2.3/", false, "multicast"},
 		{"http://localhost:8080/", false, "loopback"},
 		{"http://LOCALHOST./", false, "loopback"},
@@ -91,7 +102,7 @@ func TestCheckWebhookURLResolves(t *testing.T) {
 	}
 	public := true
 	for _, a := range addrs {
-		public = public && blockedAddr(a) == ""
+		public = public && netguard.Reason(a) == ""
 	}
 	err = checkWebhookURL(t.Context(), "https://"+host+"/hook", false, net.DefaultResolver)
 	if public && err != nil {
@@ -102,19 +113,6 @@ func TestCheckWebhookURLResolves(t *testing.T) {
 	}
 	if err := checkWebhookURL(t.Context(), "https://"+host+"/hook", true, net.DefaultResolver); err != nil {
 		t.Fatalf("allowed private: %v", err)
-	}
-}
-
-func TestBlockedAddr(t *testing.T) {
-	t.Parallel()
-	for a, blocked := range map[string]bool{
-		"8.8.8.8": false, "203.0.113.1": false, "2a00:1450::1": false,
-		"127.0.0.1": true, "10.0.0.1": true, "169.254.1.1": true, "0.0.0.0": true, "::": true,
-		"::ffff:10.0.0.1": true, "fe80::1": true, "fc00::1": true, "255.255.255.255": true, "198.18.0.1": true,
-	} {
-		if got := blockedAddr(netip.MustParseAddr(a)) != ""; got != blocked {
-			t.Errorf("%s: blocked %v, want %v", a, got, blocked)
-		}
 	}
 }
 
@@ -173,6 +171,11 @@ func TestRESTBadInputs(t *testing.T) {
 		{"client url loopback", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://localhost:9/"}, "webhook_url"},
 		{"client url private", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://192.168.0.10/"}, "webhook_url"},
 		{"client url metadata", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://169.254.169.254/"}, "webhook_url"},
+		{"client url benchmarking", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://198.18.0.1/"}, "webhook_url"},
+		{"client url NAT64", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://[64:ff9b::a9fe:a9fe]/"}, "webhook_url"},
+		{"client url 6to4", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://[2002:7f00:1::1]/"}, "webhook_url"},
+		{"client url IPv4-compatible", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://[::192.168.0.10]/"}, "webhook_url"},
+		{"client url site-local", "POST", "/v1/clients", m{"name": "n", "webhook_url": "http://[fec0::1]/"}, "webhook_url"},
 		{"client url scheme", "POST", "/v1/clients", m{"name": "n", "webhook_url": "gopher://203.0.113.1/"}, "webhook_url"},
 		// Update a client.
 		{"patch client blank name", "PATCH", "/v1/clients/" + cl, m{"name": " "}, "name"},

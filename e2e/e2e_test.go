@@ -55,22 +55,8 @@ type system struct {
 	log    *syncBuffer
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects a process's output.
+type syncBuffer = testenv.LogBuffer
 
 func start(t testing.TB, extraEnv ...string) *system {
 	t.Helper()

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
 // Config is one load run.
@@ -105,7 +107,7 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	}
 	conn, err := amqp.DialConfig(c.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "locks-loadgen"}})
 	if err != nil {
-		return Books{}, fmt.Errorf("loadgen: RabbitMQ %s: %w", c.AMQPURL, err)
+		return Books{}, fmt.Errorf("loadgen: RabbitMQ %s: %w", redact.URL(c.AMQPURL), err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

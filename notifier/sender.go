@@ -8,30 +8,24 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
-	"syscall"
 	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/netguard"
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
-// ErrForbiddenAddress says a webhook URL resolved to a loopback, private or otherwise
-// internal address while LOCKS_WEBHOOK_ALLOW_PRIVATE is false.
-var ErrForbiddenAddress = errors.New("webhook address is loopback, private or internal")
+// ErrForbiddenAddress says a webhook URL resolved to a loopback, private or internal
+// address (netguard.Reason) while LOCKS_WEBHOOK_ALLOW_PRIVATE is false.
+var ErrForbiddenAddress = netguard.ErrForbidden
 
 // ErrBadURL says a client's webhook URL is not an absolute http(s) URL.
 var ErrBadURL = errors.New("webhook URL must be http:// or https:// with a host")
 
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
-
-// forbidden is whether ip is an address a webhook must not reach unless private targets
-// are allowed: it is checked on the resolved address at dial time, so DNS that answers a
-// public name with 127.0.0.1 (or rebinding between a check and the dial) cannot get through.
-func forbidden(ip netip.Addr) bool {
-	ip = ip.Unmap()
-	return !ip.IsValid() || ip.IsLoopback() || ip.IsPrivate() || ip.IsUnspecified() ||
-		ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() ||
-		ip.IsMulticast() || cgnat.Contains(ip) || (ip.Is4() && ip.As4()[0] == 0)
-}
+// maxResponseHeaderBytes bounds what a receiver's response headers may take in memory; a
+// receiver that sends more fails the attempt (and it is retried) instead of costing the
+// process up to net/http's default of 10 MB per attempt in flight.
+const maxResponseHeaderBytes = 64 << 10
 
 // sender makes the HTTP requests: no proxy (the dial-time check must see the real target),
 // no redirects (a 3xx is a failed attempt), a timeout per attempt, and kept-alive connections.
@@ -44,29 +38,22 @@ func newSender(timeout time.Duration, allowPrivate bool) *sender {
 	d := &net.Dialer{
 		Timeout:   min(timeout, 5*time.Second),
 		KeepAlive: 30 * time.Second,
-		Control: func(_, address string, _ syscall.RawConn) error {
-			if allowPrivate {
-				return nil
-			}
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil {
-				return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
-			}
-			if forbidden(ap.Addr()) {
-				return fmt.Errorf("%w: %s", ErrForbiddenAddress, ap.Addr())
-			}
-			return nil
-		},
+	}
+	// The check is on the resolved address at dial time, so DNS that answers a public name
+	// with 127.0.0.1 (or rebinding between the API's check and the dial) cannot get through.
+	if !allowPrivate {
+		d.Control = netguard.Control
 	}
 	tr := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           d.DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   min(timeout, 10*time.Second),
-		ResponseHeaderTimeout: timeout,
+		Proxy:                  nil,
+		DialContext:            d.DialContext,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           1024,
+		MaxIdleConnsPerHost:    64,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    min(timeout, 10*time.Second),
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
 	return &sender{
 		client: &http.Client{
@@ -98,6 +85,12 @@ func (s *sender) post(ctx context.Context, rawURL string, h http.Header, body []
 	req.Header = h
 	resp, err := s.client.Do(req)
 	if err != nil {
+		// net/http names the URL in its error, and the error is logged and stored in the
+		// delivery history: keep a token in the receiver's query string out of both.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = redact.WebhookURL(ue.URL)
+		}
 		return response{}, err
 	}
 	defer resp.Body.Close()

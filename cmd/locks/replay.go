@@ -16,6 +16,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/projector"
 )
 
@@ -65,7 +66,7 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if doState {
 		var err error
 		if pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
 		}
 		defer pool.Close()
 	}
@@ -73,10 +74,10 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if doHistory {
 		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
 		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: cfg.ClickHouseURL, Reason: err.Error()}
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: err.Error()}
 		}
 		if ch, err = clickhouse.Open(opts); err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
 		}
 		defer ch.Close()
 	}
@@ -106,7 +107,7 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	}
 	nc, err := natsx.Connect(cfg.NATSURL, "locks-replay", log)
 	if err != nil {
-		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", cfg.NATSURL, err)
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(cfg.NATSURL), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

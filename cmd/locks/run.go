@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/migrations"
 	"github.com/lock-sensors/lock-sensors/notifier"
 	"github.com/lock-sensors/lock-sensors/projector"
@@ -83,15 +83,6 @@ func (o runOptions) any(parts []string) bool {
 	return slices.ContainsFunc(o.targets, func(t string) bool { return slices.Contains(parts, t) })
 }
 
-// redact hides a password in a URL for messages.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	return u.Redacted()
-}
-
 // migrate applies the migrations of the databases asked for. Connection problems must surface
 // within 15 s with the variable named, so each database gets a bounded context.
 func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logger) error {
@@ -100,7 +91,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 		err := migrations.MigratePostgres(c, cfg.PostgresURL, log)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
 		}
 	}
 	if ch {
@@ -108,7 +99,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 		err := migrations.MigrateClickHouse(c, cfg.ClickHouseURL, log)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
 		}
 	}
 	return nil
@@ -177,6 +168,8 @@ func buildPart(name string, d deps) (runner, error) {
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
+		// /readyz shows its checks' error text only with an API token.
+		d.ops.ShowDetailsTo(a.Authorized)
 		return rb.Alongside(a), nil
 	default:
 		return nil, fmt.Errorf("unknown part %q", name) // parseRunOptions admits only allTargets
@@ -207,7 +200,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if usePG {
 		pool, err := pgxpool.New(ctx, cfg.PostgresURL)
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
 		}
 		defer pool.Close()
 		d.pg = pool
@@ -216,11 +209,11 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if useCH {
 		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
 		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: cfg.ClickHouseURL, Reason: err.Error()}
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: err.Error()}
 		}
 		conn, err := clickhouse.Open(opts)
 		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
 		}
 		defer conn.Close()
 		d.ch = conn
@@ -229,7 +222,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if o.any(needsAMQP) {
 		srv.AddCheck("rabbitmq", func(ctx context.Context) error { return amqpReachable(ctx, cfg.AMQPURL) })
 		if err := amqpReachable(ctx, cfg.AMQPURL); err != nil {
-			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact(cfg.AMQPURL), err)
+			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), err)
 		}
 	}
 
@@ -252,7 +245,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	}
 	nc, err := natsx.Connect(natsURL, "locks", log)
 	if err != nil {
-		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", natsURL, err)
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -263,7 +256,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, LostAfter: cfg.LostAfter})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("NATS JetStream at %s: %w", natsURL, err)
+		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(natsURL), err)
 	}
 	d.nc, d.js = nc, js
 	srv.AddCheck("nats", func(ctx context.Context) error {

@@ -10,9 +10,12 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
 // Config is the whole process configuration. Parts take the fields they need.
@@ -95,6 +98,12 @@ func settings() []setting {
 			return func(c *Config, v string) error {
 				u, err := url.Parse(v)
 				if err != nil {
+					// url's errors quote the piece they stumbled on, which in a URL with
+					// user info is often part of the password (an unescaped "/" ends the
+					// host early): say only where to look.
+					if strings.Contains(v, "@") {
+						return errors.New("not a URL; characters such as / ? # @ : in the user name or password must be percent-encoded")
+					}
 					return fmt.Errorf("not a URL: %v", errors.Unwrap(err))
 				}
 				ok := false
@@ -159,13 +168,14 @@ func settings() []setting {
 		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},
 		{"LOCKS_API_TOKENS", "", "comma-separated bearer tokens", func(c *Config, v string) error {
 			c.APITokens = nil
-			for _, t := range strings.Split(v, ",") {
+			ts := strings.Split(v, ",")
+			for i, t := range ts {
 				t = strings.TrimSpace(t)
 				if t == "" {
 					continue
 				}
 				if len(t) < 16 {
-					return errors.New("each token must have at least 16 characters")
+					return fmt.Errorf("token %d of %d has %d characters; each must have at least 16", i+1, len(ts), len(t))
 				}
 				c.APITokens = append(c.APITokens, t)
 			}
@@ -256,10 +266,26 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 			v, name = *flags[s.env], "--"+FlagName(s.env)
 		}
 		if err := s.set(&c, v); err != nil {
-			return Config{}, &Error{Var: name, Value: v, Reason: err.Error()}
+			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}
 	}
 	return c, nil
+}
+
+// secretURLs are the variables whose URLs may carry a password.
+var secretURLs = []string{"LOCKS_AMQP_URL", "LOCKS_POSTGRES_URL", "LOCKS_CLICKHOUSE_URL", "LOCKS_NATS_URL"}
+
+// shown is a variable's value as an error may print it: tokens not at all, URLs without
+// their passwords. A configuration error goes to the terminal, the service's journal and
+// whatever collects them.
+func shown(env, v string) string {
+	switch {
+	case env == "LOCKS_API_TOKENS":
+		return redact.Mask
+	case slices.Contains(secretURLs, env):
+		return redact.URL(v)
+	}
+	return v
 }
 
 func lookup(getenv func(string) string, k string) (string, bool) {

@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
 // Names of the streams, subjects and bucket. Subjects carry the partition so that a
@@ -244,10 +246,10 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 				log.Warn("NATS disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrl()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(url), err)
 	}
 	return nc, nil
 }
