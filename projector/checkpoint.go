@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/ops"
 )
 
 // A checkpoint is a position in one READINGS stream, not in "the" log: when the NATS store
@@ -214,5 +215,7 @@ func (r *refusals) Ready(context.Context) error {
 		names[i] = strconv.Itoa(p)
 	}
 	first := r.by[parts[0]]
-	return fmt.Errorf("%s projection refuses partition(s) %s: %v; %s", r.projection, strings.Join(names, ","), first, first.WayOut())
+	// Public: it names a projection, partitions and sequences, no host or credential, and an
+	// operator looking at /readyz needs the way out.
+	return ops.Public(fmt.Errorf("%s projection refuses partition(s) %s: %v; %s", r.projection, strings.Join(names, ","), first, first.WayOut()))
 }
