@@ -499,7 +499,9 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	if d.Redelivered {
 		// After the sensor's earlier readings of this session are resolved (ord.wait), so
 		// that the look-back sees the log as it will stay.
-		strong := d.MessageId != "" || r.HasTS || !d.Timestamp.IsZero()
+		// Not the AMQP timestamp: it has whole seconds, and a door can close, open and close
+		// again within one.
+		strong := d.MessageId != "" || r.HasTS
 		dup, err := sess.appended(ctx, r.SensorID, id, strong)
 		if err != nil {
 			it.pubErr = fmt.Errorf("check a redelivered reading: %w", err)

@@ -144,7 +144,7 @@ type candidate struct {
 // or the digest of body and properties) was already appended by an earlier session, and if
 // so claims that reading.
 //
-// A strong identity (a message_id, a ts, or an AMQP timestamp) names one reading: any
+// A strong identity (a message_id or a ts) names one reading: any
 // unclaimed reading of the sensor with the same identity is this one. That also covers a
 // RabbitMQ node that crashed and forgot acks it had received, which redelivers readings
 // this bridge had acked. A weak identity (a bare {"sensor_id", "data"}) is matched only with
