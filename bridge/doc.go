@@ -4,7 +4,7 @@
 //
 // The flow: one goroutine reads deliveries (manual acks, prefetch Config.Prefetch), decodes
 // each one and starts its effect without waiting: an async JetStream append to
-// readings.in.<sensor_id> (Nats-Msg-Id = the AMQP message_id, or MessageID's digest), or a
+// readings.in.<sensor_id> (Nats-Msg-Id: see identity.go), or a
 // publish of the original body to <queue>.invalid with the x-lock-sensors-error header under
 // publisher confirms. A second goroutine takes the messages in delivery order, waits for each
 // effect (JetStream's ack, RabbitMQ's confirm) and acks RabbitMQ with multiple=true up to the
@@ -16,14 +16,14 @@
 // records nothing twice; a retried append can land after later readings of the pipeline, so a
 // NATS failure may reorder a sensor's readings within the in-flight window (each reading still
 // carries its sensor time and receive time). A lost RabbitMQ connection ends the session:
-// what was not acked is redelivered to the next one and de-duplicated by JetStream, which
-// holds as long as the redelivery comes within the READINGS de-duplication window (2 minutes
-// by default, natsx.StreamsConfig.Duplicates). The bridge reconnects with exponential backoff
+// what was not acked is redelivered to the next one, which recognises what had already been
+// appended (identity.go). The bridge reconnects with exponential backoff
 // (Config.ReconnectMin to ReconnectMax) and logs every connect and disconnect.
 //
 // Where CONTRACT.md is silent, Decode decides (and its doc says): data is the exact JSON
 // number 0 or 1 in any spelling (1.0 and 1e0 are accepted; "1", true, null, 2 and 0.5 are
 // not); ts null is the same as absent; a ts must be RFC 3339 with a zone; a message_id-less
-// message's identity is a digest of its body, timestamp, headers (except those RabbitMQ adds
-// on redelivery or dead-lettering), correlation id, type and app id.
+// message's identity (used only to recognise a redelivery) is a digest of its body,
+// timestamp, headers (except those RabbitMQ adds on redelivery or dead-lettering),
+// correlation id, type and app id.
 package bridge
