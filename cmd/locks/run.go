@@ -144,7 +144,7 @@ func buildPart(name string, d deps) (runner, error) {
 		return projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
 	case "history":
-		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions,
+		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions,
 			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval}, d.js, d.ch, d.log, d.reg)
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
