@@ -16,6 +16,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/staterev"
 )
 
 // Relay publishes the outbox rows of its partitions to EVENTS, in id order, with the event
@@ -271,23 +272,9 @@ func (r *Relay) dropForged(ctx context.Context, p int, last map[string]int64) er
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := r.pg.Query(ctx, `SELECT sensor_id, revision FROM sensor_state WHERE sensor_id = ANY($1)`, ids)
+	state, err := staterev.Of(ctx, r.pg, ids)
 	if err != nil {
-		return fmt.Errorf("read state revisions: %w", err)
-	}
-	state := make(map[string]int64, len(ids))
-	for rows.Next() {
-		var id string
-		var rev int64
-		if err := rows.Scan(&id, &rev); err != nil {
-			rows.Close()
-			return fmt.Errorf("read state revisions: %w", err)
-		}
-		state[id] = rev
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read state revisions: %w", err)
+		return err
 	}
 	for _, id := range ids {
 		if last[id] > state[id] {
