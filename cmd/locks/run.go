@@ -164,7 +164,7 @@ func buildPart(name string, d deps) (runner, error) {
 			return nil, err
 		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
-			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb})
+			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js})
 		if err != nil {
 			return nil, err
 		}
