@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -74,6 +75,9 @@ type Deps struct {
 	// Projections lists the projections and runs the rebuilds started through the API
 	// (ProjectionService); nil means those calls answer UNIMPLEMENTED.
 	Projections *projector.RebuildRunner
+	// JS is NATS, where the set-aside log messages are read (SetAsideService); nil means
+	// that call answers UNIMPLEMENTED.
+	JS jetstream.JetStream
 }
 
 // Server is the admin API.
@@ -94,6 +98,7 @@ type Server struct {
 	serveOnce sync.Once
 
 	projections *projector.RebuildRunner // runs ProjectionService's rebuilds (projections.go)
+	js          jetstream.JetStream      // SET_ASIDE is read from it (setaside.go)
 }
 
 // New builds the API; nothing is listened on until Run (or Serve).
@@ -114,7 +119,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver, history: deps.History, projections: deps.Projections,
+		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver, history: deps.History, projections: deps.Projections, js: deps.JS,
 		auth: newAuthenticator(cfg.Tokens), metrics: m,
 		mem: bufconn.Listen(1 << 20),
 	}
@@ -132,6 +137,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterStateServiceServer(s.grpc, &stateService{s: s})
 	locksv1.RegisterHistoryServiceServer(s.grpc, &historyService{s: s})
 	locksv1.RegisterProjectionServiceServer(s.grpc, &projectionService{s: s})
+	locksv1.RegisterSetAsideServiceServer(s.grpc, &setAsideService{s: s})
 	// Server reflection lets grpcurl and the like discover the services (with a token: the
 	// stream interceptor guards it like every call).
 	reflection.Register(s.grpc)

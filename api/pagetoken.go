@@ -32,6 +32,7 @@ const (
 	listSensorClients
 	listClientSensors
 	listDeadDeliveries
+	listSetAside
 )
 
 func scopeDigest(scope string) []byte {

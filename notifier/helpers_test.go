@@ -153,7 +153,8 @@ func (e *env) subscribe(client, sensor string) {
 
 func testEvent(sensor string, rev int64, data uint8) event.Event {
 	e := event.Event{V: event.Version, ID: event.ID(sensor, rev), Type: event.TypeStateChanged,
-		OccurredAt: time.Now().UTC().Truncate(time.Millisecond), SensorID: sensor, Data: data, Revision: rev}
+		OccurredAt: time.Now().UTC().Truncate(time.Millisecond), SensorID: sensor, Data: data, Revision: rev,
+		Partition: partition.Of(sensor, testPartitions)}
 	if rev > 1 {
 		p := 1 - data
 		e.PreviousData = &p
@@ -161,10 +162,18 @@ func testEvent(sensor string, rev int64, data uint8) event.Event {
 	return e
 }
 
-// publish appends events to EVENTS the way the state projector's relay does.
+// publish appends events to EVENTS the way the state projector's relay does, after the
+// sensor's state has reached their revision (as the state projector's transaction leaves it:
+// the notifier sets aside an event ahead of the state).
 func (e *env) publish(evs ...event.Event) {
 	e.t.Helper()
 	futs := make([]jetstream.PubAckFuture, 0, len(evs))
+	for _, ev := range evs {
+		e.exec(`INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+			VALUES ($1, $2, $3, now(), now(), now(), $4, 'online', 0)
+			ON CONFLICT (sensor_id) DO UPDATE SET revision = greatest(sensor_state.revision, excluded.revision)`,
+			ev.SensorID, ev.Partition, int16(ev.Data), ev.Revision)
+	}
 	for _, ev := range evs {
 		b, err := json.Marshal(ev)
 		if err != nil {

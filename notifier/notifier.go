@@ -23,6 +23,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
 
 // Crash points, for tests that kill the notifier at its worst moments.
@@ -108,6 +109,10 @@ type Notifier struct {
 	slotFreed chan struct{}
 	relayWake chan struct{}
 	ran       atomic.Bool
+	// partitionCount is LOCKS_PARTITIONS, for the subject check of EVENTS messages.
+	partitionCount int
+	// setAside records the EVENTS messages that are not real events (see checkBatch).
+	setAside *setaside.Recorder
 }
 
 type metrics struct {
@@ -182,6 +187,11 @@ func New(cfg config.Config, d Deps) (*Notifier, error) {
 		if err := d.Reg.Register(c); err != nil {
 			return nil, fmt.Errorf("notifier: register metrics: %w", err)
 		}
+	}
+	n.partitionCount = cfg.Partitions
+	var err error
+	if n.setAside, err = setaside.NewRecorder(SetAsideConsumer, d.JS, n.log, d.Reg); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
@@ -312,24 +322,16 @@ func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg
 }
 
 func (n *Notifier) ingestBatch(ctx context.Context, batch []jetstream.Msg) error {
-	evs := make([]event.Event, 0, len(batch))
-	payloads := make([][]byte, 0, len(batch))
-	ok := make([]jetstream.Msg, 0, len(batch))
-	for _, m := range batch {
-		e, err := event.DecodeEvent(m.Data())
-		if err != nil {
-			n.log.Error("undecodable EVENTS message dropped from notification", "subject", m.Subject(), "err", err)
-			_ = m.Term()
-			continue
-		}
-		evs, payloads, ok = append(evs, e), append(payloads, m.Data()), append(ok, m)
+	evs, payloads, ok, err := n.checkBatch(ctx, batch)
+	if err != nil {
+		return err
 	}
 	if len(evs) == 0 {
 		return nil
 	}
 	var created int
 	var recs []event.Attempt
-	err := pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
 		var err error
 		created, recs, err = insertDeliveries(ctx, tx, evs, payloads)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
 
 // HistoryCrashAfterInsert is the crash point between a batch's INSERT and the acks of its
@@ -30,6 +31,9 @@ const HistoryCrashAfterInsert = "history.after_insert"
 type HistoryConfig struct {
 	// Partitions are the READINGS and EVENTS partitions this process writes.
 	Partitions partition.Set
+	// PartitionCount is LOCKS_PARTITIONS, against which message subjects are checked (0:
+	// only the sensor of a subject is checked, not its partition number).
+	PartitionCount int
 	// BatchSize is the number of rows buffered per table before an INSERT (default 10,000).
 	BatchSize int
 	// FlushInterval is the age of the oldest buffered row at which the buffer is written even
@@ -116,6 +120,8 @@ type History struct {
 	sinks []*historySink
 	m     *historyMetrics
 	ran   atomic.Bool
+	// setAside records the READINGS and EVENTS messages that can never be rows.
+	setAside *setaside.Recorder
 }
 
 // NewHistory builds the history projector; its metrics are registered on reg.
@@ -132,6 +138,9 @@ func NewHistory(cfg HistoryConfig, js jetstream.JetStream, ch driver.Conn, log *
 		return nil, err
 	}
 	h := &History{cfg: cfg, js: js, ch: ch, log: log.With("part", "history"), m: m}
+	if h.setAside, err = setaside.NewRecorder(HistoryConsumer, js, h.log, reg); err != nil {
+		return nil, err
+	}
 	for _, t := range historyTables {
 		s := &historySink{h: h, table: t, in: make(chan historyItem, min(cfg.BatchSize, 4096))}
 		m.buffered.WithLabelValues(t.name) // make the series visible from the start
@@ -167,7 +176,7 @@ func newHistoryMetrics(reg prometheus.Registerer) (*historyMetrics, error) {
 			Name: "locks_history_insert_errors_total", Help: "Failed INSERT attempts (each is retried).",
 		}, []string{"table"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "locks_history_skipped_total", Help: "Messages acked without a row: not a reading, or undecodable.",
+			Name: "locks_history_skipped_total", Help: "Messages acked without a row: not a reading, undecodable, or set aside (forged or malformed).",
 		}, []string{"table", "reason"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "locks_history_lag_seconds",
@@ -300,8 +309,17 @@ func (h *History) consume(ctx, sinkCtx context.Context, cons jetstream.Consumer,
 		if md, err := msg.Metadata(); err == nil {
 			it.stamp = md.Timestamp
 			src.numPending.Store(md.NumPending)
-			it.row, err = s.table.decode(msg.Data(), md)
-			if err != nil {
+			refused, cerr := h.checkMsg(sinkCtx, src.stream, msg, md)
+			if cerr != nil {
+				return nil // stopping: the message is redelivered and checked again
+			}
+			if refused {
+				err = errNotARow // set aside: acked with no row
+				h.m.skipped.WithLabelValues(s.table.name, "set_aside").Inc()
+			} else {
+				it.row, err = s.table.decode(msg.Data(), md)
+			}
+			if err != nil && !refused {
 				reason := "undecodable"
 				if errors.Is(err, errNotARow) {
 					reason = "not_a_row"

@@ -655,12 +655,9 @@ func (w *rebuildWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fu
 			return fmt.Errorf("message metadata: %w", err)
 		}
 		last, pending = md.Sequence.Stream, md.NumPending
-		l, err := prepareLog(m.Data())
-		if errors.Is(err, event.ErrVersion) {
-			return fmt.Errorf("READINGS seq %d: %w", last, err)
-		}
+		l, err := prepareLog(m.Subject(), m.Data(), w.r.cfg.PartitionCount)
 		if err != nil {
-			continue // skipped by the live projector too
+			continue // set aside by the live projector
 		}
 		cur, ok := changed[l.SensorID]
 		if !ok {

@@ -16,6 +16,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/staterev"
 )
 
 // Relay publishes the outbox rows of its partitions to EVENTS, in id order, with the event
@@ -227,12 +228,22 @@ func (r *Relay) dropPublished(ctx context.Context, p int, all []relayRow, done [
 		case err != nil:
 			return nil, nil, fmt.Errorf("last event of sensor %s: %w", o.sensorID, err)
 		default:
-			ev, err := event.DecodeEvent(m.Data)
+			// Anyone can publish to EVENTS: a last message that is not a real event of the
+			// sensor (garbage, or a forged revision meant to make these rows look published)
+			// says nothing; the rows are published, at worst again (receivers and the
+			// notifier de-duplicate by event id), never dropped.
+			ev, err := event.CheckEvent(m.Subject, m.Data, r.cfg.PartitionCount)
 			if err != nil {
-				return nil, nil, fmt.Errorf("last event of sensor %s: %w", o.sensorID, err)
+				r.log.Warn("the last EVENTS message of a sensor is not a real event; its outbox rows are published",
+					"partition", p, "sensor", o.sensorID, "seq", m.Sequence, "err", err)
+				last[o.sensorID] = 0
+				continue
 			}
 			last[o.sensorID] = ev.Revision
 		}
+	}
+	if err := r.dropForged(ctx, p, last); err != nil {
+		return nil, nil, err
 	}
 	keep := all[:0]
 	for _, o := range all {
@@ -246,4 +257,31 @@ func (r *Relay) dropPublished(ctx context.Context, p int, all []relayRow, done [
 		r.log.Info("outbox rows already in EVENTS are deleted without publishing", "partition", p, "rows", n)
 	}
 	return keep, done, nil
+}
+
+// dropForged forgets a last revision that the sensor's state has not reached: the outbox is
+// written with the state, so only a forged event can be ahead of it (a sane revision the
+// structural check lets through).
+func (r *Relay) dropForged(ctx context.Context, p int, last map[string]int64) error {
+	ids := make([]string, 0, len(last))
+	for id, rev := range last {
+		if rev > 0 {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	state, err := staterev.Of(ctx, r.pg, ids)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if last[id] > state[id] {
+			r.log.Warn("the last EVENTS message of a sensor is ahead of its state: forged; its outbox rows are published",
+				"partition", p, "sensor", id, "revision", last[id], "state_revision", state[id])
+			last[id] = 0
+		}
+	}
+	return nil
 }

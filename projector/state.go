@@ -19,6 +19,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
 
 // StateProjection is the checkpoint name of the state projector.
@@ -126,6 +127,8 @@ type State struct {
 	relay *Relay
 	// refused are the partitions whose checkpoints do not belong to READINGS (checkpoint.go).
 	refused *refusals
+	// setAside records the READINGS messages that can never be applied.
+	setAside *setaside.Recorder
 }
 
 // NewState checks the configuration and registers the metrics.
@@ -146,6 +149,9 @@ func NewState(cfg StateConfig, d StateDeps) (*State, error) {
 	for _, p := range cfg.Partitions {
 		s.wake[p] = make(chan struct{}, 1)
 	}
+	if s.setAside, err = setaside.NewRecorder(StateProjection, d.JS, s.log, d.Reg); err != nil {
+		return nil, err
+	}
 	s.relay, err = newRelay(cfg, d, s.wake)
 	if err != nil {
 		return nil, err
@@ -157,8 +163,8 @@ func NewState(cfg StateConfig, d StateDeps) (*State, error) {
 }
 
 // Run applies the owned partitions and relays their outbox until ctx is done. It returns
-// nil after a clean stop, or the error that stopped a partition for good (an envelope
-// version this binary does not know).
+// nil after a clean stop. A message it can never apply is set aside (see decodeBatch) and
+// stops nothing.
 func (s *State) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, p := range s.cfg.Partitions {
@@ -251,9 +257,6 @@ func (s *State) runPartition(ctx context.Context, p int) error {
 				}
 			}
 			cancel()
-			if errors.Is(err, event.ErrVersion) {
-				return fmt.Errorf("partition %d: %w", p, err)
-			}
 			if err != nil {
 				w.log.Warn("apply batch", "err", err, "messages", len(good))
 				w.cons = nil
@@ -467,23 +470,23 @@ type stateMsg struct {
 	log event.Log
 }
 
-// decodeBatch parses msgs; malformed messages are counted and skipped (they cannot be
-// applied, and must not stop the partition), an unknown envelope version stops it.
-func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]stateMsg, error) {
+// decodeBatch parses and checks msgs. A message that can never be applied (forged or
+// malformed: see event.CheckLog) is set aside before the batch commits past it, so that it
+// stops nothing else; an error here is transient (NATS unreachable for the record) and the
+// batch is retried.
+func (s *State) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg) ([]stateMsg, error) {
 	out := make([]stateMsg, 0, len(msgs))
 	for _, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil {
 			return nil, fmt.Errorf("message metadata: %w", err)
 		}
-		l, err := prepareLog(m.Data())
-		if errors.Is(err, event.ErrVersion) {
-			return nil, fmt.Errorf("READINGS seq %d: %w", md.Sequence.Stream, err)
-		}
+		l, err := prepareLog(m.Subject(), m.Data(), s.cfg.PartitionCount)
 		if err != nil {
+			if err := s.setAside.SetAside(ctx, natsx.ReadingsStream, md.Sequence.Stream, m.Subject(), m.Data(), err); err != nil {
+				return nil, err
+			}
 			s.m.skipped.WithLabelValues("invalid").Inc()
-			s.log.Error("skipping a READINGS message that cannot be applied", "partition", p,
-				"seq", md.Sequence.Stream, "err", err)
 			continue
 		}
 		out = append(out, stateMsg{seq: md.Sequence.Stream, log: l})
@@ -491,14 +494,11 @@ func (s *State) decodeBatch(p int, msgs []jetstream.Msg) ([]stateMsg, error) {
 	return out, nil
 }
 
-// prepareLog decodes a READINGS message as stateStep expects it (shared with the rebuild, so
-// that both decide on the very same input): an error wrapping event.ErrVersion must stop the
-// partition, any other error means the message is skipped.
-func prepareLog(b []byte) (event.Log, error) {
-	l, err := event.DecodeLog(b)
-	if err == nil && (l.SensorID == "" || l.Data > 1 || l.ReceivedTime.IsZero()) {
-		err = errors.New("missing sensor_id or received_time, or data not 0/1")
-	}
+// prepareLog checks a READINGS message stored under subject and decodes it as stateStep
+// expects it (shared with the rebuild, so that both decide on the very same input): an
+// error (wrapping event.ErrInvalid) means the message is set aside, never applied.
+func prepareLog(subject string, b []byte, partitions int) (event.Log, error) {
+	l, err := event.CheckLog(subject, b, partitions)
 	if err != nil {
 		return l, err
 	}
@@ -562,7 +562,7 @@ func scanStateRows(rows pgx.Rows, into map[string]stateRow) error {
 // is at or below it, update sensor_state, write the outbox, advance the checkpoint. cache
 // may be nil.
 func (s *State) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cache *stateCache) error {
-	items, err := s.decodeBatch(p, msgs)
+	items, err := s.decodeBatch(ctx, p, msgs)
 	if err != nil {
 		return err
 	}
@@ -815,7 +815,7 @@ func newStateMetrics(reg prometheus.Registerer) (*stateMetrics, error) {
 		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_state_applied_total",
 			Help: "READINGS messages applied to sensor_state."}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_state_skipped_total",
-			Help: "READINGS messages not applied: already_applied (at or below the checkpoint) or invalid."}, []string{"reason"}),
+			Help: "READINGS messages not applied: already_applied (at or below the checkpoint) or invalid (set aside)."}, []string{"reason"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_state_events_total",
 			Help: "Events written to the outbox, by type."}, []string{"type"}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_state_batch_size",

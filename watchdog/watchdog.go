@@ -22,6 +22,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
 
 // Config is what the watchdog needs besides its dependencies.
@@ -104,6 +105,9 @@ type Deps struct {
 	Lag LagFunc
 }
 
+// SetAsideConsumer names the watchdog in set-aside records and their metric.
+const SetAsideConsumer = "watchdog"
+
 // Watchdog turns expired liveness keys into liveness_timeout facts. See the package doc.
 type Watchdog struct {
 	cfg   Config
@@ -112,6 +116,8 @@ type Watchdog struct {
 	log   *slog.Logger
 	lag   LagFunc
 	owned []bool
+	// setAside records the READINGS messages that can never refresh a key.
+	setAside *setaside.Recorder
 
 	overrides atomic.Pointer[map[string]time.Duration]
 
@@ -242,6 +248,10 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		if err := d.Reg.Register(c); err != nil {
 			return nil, fmt.Errorf("watchdog metrics: %w", err)
 		}
+	}
+	var err error
+	if w.setAside, err = setaside.NewRecorder(SetAsideConsumer, d.JS, w.log, d.Reg); err != nil {
+		return nil, err
 	}
 	return w, nil
 }
@@ -482,10 +492,14 @@ func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps 
 			continue
 		}
 		pd := pending{msg: msg, storedNS: md.Timestamp.UnixNano(), seq: md.Sequence.Stream}
-		l, err := event.DecodeLog(msg.Data())
+		l, err := event.CheckLog(msg.Subject(), msg.Data(), w.cfg.Partitions)
 		switch {
 		case err != nil:
-			w.log.Warn("undecodable READINGS message skipped", "seq", md.Sequence.Stream, "err", err)
+			// Set aside before the acker can ack past it: a forged id would otherwise
+			// refresh (or fail to refresh, forever) a key that is no sensor's.
+			if err := w.setAside.SetAside(ctx, natsx.ReadingsStream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); err != nil {
+				return err
+			}
 		case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
 			w.m.coalesced.Inc()
 		case l.Kind == event.KindReading:
@@ -790,10 +804,11 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 	if err != nil {
 		return fmt.Errorf("last READINGS message of %s: %w", sensor, err)
 	}
-	l, err := event.DecodeLog(last.Data)
+	l, err := event.CheckLog(last.Subject, last.Data, w.cfg.Partitions)
 	if err != nil {
-		w.log.Warn("last READINGS message undecodable; expiry dropped", "sensor", sensor, "seq", last.Sequence, "err", err)
-		return nil
+		// A forged or malformed last message (set aside by the consumers) must not hide the
+		// sensor's silence for ever: it counts as nothing more than a message stored then.
+		l = event.Log{Kind: event.KindReading, SensorID: sensor, ReceivedTime: last.Time}
 	}
 	expect := []jetstream.PublishOpt{}
 	if c.expect {

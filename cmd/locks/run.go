@@ -141,7 +141,7 @@ func buildPart(name string, d deps) (runner, error) {
 		d.ops.AddCheck("state", st.Ready)
 		return st, nil
 	case "history":
-		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions,
+		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions,
 			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval}, d.js, d.ch, d.log, d.reg)
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
@@ -161,7 +161,7 @@ func buildPart(name string, d deps) (runner, error) {
 			return nil, err
 		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
-			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb})
+			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js})
 		if err != nil {
 			return nil, err
 		}

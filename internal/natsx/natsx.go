@@ -117,7 +117,7 @@ func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
 	}
 }
 
-// Declare creates or updates READINGS, EVENTS and the liveness bucket.
+// Declare creates or updates READINGS, EVENTS, DELIVERIES, SET_ASIDE and the liveness bucket.
 func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
 	if c.Partitions < 1 {
 		return fmt.Errorf("partitions must be >= 1, got %d", c.Partitions)
@@ -128,7 +128,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	if c.Duplicates <= 0 {
 		c.Duplicates = 2 * time.Minute
 	}
-	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c)} {
+	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
 		if err := declareStream(ctx, js, want); err != nil {
 			return err
 		}

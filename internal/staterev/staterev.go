@@ -1,0 +1,37 @@
+// Package staterev reads sensors' current revisions from the state projection. Readers of
+// EVENTS use it to tell a forged event from a real one: the state projector writes an
+// event's outbox row in the transaction that sets the sensor's revision, so no real event
+// is ever ahead of the state.
+package staterev
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Querier is what Of needs of Postgres (a *pgxpool.Pool or a pgx.Tx is one).
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Of returns the revision in sensor_state of each of ids that has a row (a sensor without
+// one has had no event: revision 0).
+func Of(ctx context.Context, q Querier, ids []string) (map[string]int64, error) {
+	rows, err := q.Query(ctx, `SELECT sensor_id, revision FROM sensor_state WHERE sensor_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read state revisions: %w", err)
+	}
+	out := make(map[string]int64, len(ids))
+	var id string
+	var rev int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &rev}, func() error {
+		out[id] = rev
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read state revisions: %w", err)
+	}
+	return out, nil
+}
