@@ -62,7 +62,7 @@ func TestStateRefusesCheckpointAheadOfStream(t *testing.T) {
 	e := newStateEnv(t, 2)
 	var a string
 	for i := 0; a == ""; i++ {
-		if id := fmt.Sprintf("door-%d", i); partition.Of(id, 2) == 0 {
+		if id := fmt.Sprintf("door%d", i); partition.Of(id, 2) == 0 {
 			a = id
 		}
 	}

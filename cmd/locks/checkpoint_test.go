@@ -64,7 +64,7 @@ func TestStoreLostStateRefusesThenRebases(t *testing.T) {
 	}
 	sensorIn := func(p int) string {
 		for i := 0; ; i++ {
-			if id := fmt.Sprintf("door-%d", i); partition.Of(id, 2) == p {
+			if id := fmt.Sprintf("door%d", i); partition.Of(id, 2) == p {
 				return id
 			}
 		}
