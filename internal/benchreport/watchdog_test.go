@@ -1,0 +1,23 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// The watchdog's memory figures become a sentence of their own besides the table row.
+func TestRenderWatchdogMemory(t *testing.T) {
+	rs := parse(strings.NewReader(`pkg: github.com/lock-sensors/lock-sensors/watchdog
+BenchmarkTrack-2   	       1	21661132501 ns/op	     69943 kv-updates/s	   1000000 sensors	       412.5 heap-MB	      1040 rss-MB	       189.2 heap-before-MB	       452.1 rss-before-MB
+`))
+	doc := render(rs, "go test -run '^$' -bench BenchmarkTrack -benchtime 1x ./watchdog", nil, t.TempDir())
+	for _, want := range []string{
+		"| watchdog | BenchmarkTrack | 69943 kv-updates/s, 1000000 sensors, 412 heap-MB, 1040 rss-MB, 189 heap-before-MB, 452 rss-before-MB |",
+		"Watchdog memory (`watchdog` BenchmarkTrack): 1000000 sensors tracked, every key live: heap in use 412 MB, RSS 1040 MB,",
+		"before the watchdog started: heap 189 MB, RSS 452 MB.",
+	} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("report lacks %q:\n%s", want, doc)
+		}
+	}
+}
