@@ -55,6 +55,7 @@ func (w *Watchdog) forget(sensor string) {
 	}
 	ps.writtenMu.Lock()
 	delete(ps.written, k)
+	ps.written, ps.writtenPeak = shrunk(ps.written, ps.writtenPeak)
 	ps.writtenMu.Unlock()
 }
 

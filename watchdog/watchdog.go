@@ -211,11 +211,13 @@ func (w *Watchdog) needsRefresh(ps *partState, sensor string, received time.Time
 	deadline := received.Add(lostAfter).UnixNano()
 	ps.writtenMu.Lock()
 	defer ps.writtenMu.Unlock()
-	// The stored deadline is rounded up to the second, so the true one is at most a second
-	// earlier: skip only when even that is within the slack (the sweep relies on it).
+	// The stored deadline is rounded up to the second: the true one lies in (lo, lo+1s].
+	// Skip only when this one is within the slack of it (the sweep relies on a key standing
+	// for a reading at most the slack older than the last) and not earlier than lo (a key
+	// may then stand for a reading under a second newer than this one: harmless).
 	if d, ok := ps.written[k]; ok {
-		dns := int64(d) * int64(time.Second)
-		if deadline >= dns && deadline-dns < int64(slack-time.Second) {
+		lo := int64(d)*int64(time.Second) - int64(time.Second)
+		if deadline >= lo && deadline-lo < int64(slack) {
 			return false
 		}
 	}
