@@ -18,6 +18,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
 func benchSize(def int) int {
@@ -194,5 +195,34 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		b.Logf("%d expiries: delay from deadline to fact in READINGS min %s p50 %s p99 %s max %s",
 			len(delays), delays[0].Round(time.Millisecond), p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), delays[len(delays)-1].Round(time.Millisecond))
 		stop()
+	}
+}
+
+// BenchmarkWrittenMap measures the watchdog's own memory per tracked sensor: the map of
+// refresh deadlines (the only per-sensor state it keeps while sensors report) filled with
+// LOCKS_BENCH_SENSORS (default 1,000,000) sensors over 16 partitions, with lost_after 1h,
+// as Go heap in use after a GC, without the NATS server and client buffers of BenchmarkTrack.
+func BenchmarkWrittenMap(b *testing.B) {
+	n := benchSize(1_000_000)
+	const parts = 16
+	for b.Loop() {
+		w := &Watchdog{cfg: Config{Partitions: parts, LostAfter: time.Hour}, parts: map[int]*partState{}}
+		empty := map[string]time.Duration{}
+		w.overrides.Store(&empty)
+		for p := range parts {
+			w.parts[p] = &partState{}
+		}
+		heap0, _ := memFigures()
+		now := time.Now()
+		for i := range n {
+			s := sensorName(i)
+			w.needsRefresh(w.parts[partition.Of(s, parts)], s, now)
+		}
+		heap1, _ := memFigures()
+		if got := w.writtenLen(); got != n {
+			b.Fatalf("%d sensors remembered, want %d", got, n)
+		}
+		b.ReportMetric(heap1-heap0, "written-map-MB")
+		b.ReportMetric((heap1-heap0)*(1<<20)/float64(n), "B/sensor")
 	}
 }
