@@ -18,6 +18,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
 func benchSize(def int) int {
@@ -84,7 +85,8 @@ func memFigures() (heapMB, rssMB float64) {
 
 // BenchmarkTrack measures the refresh rate the watchdog sustains while it applies a READINGS
 // backlog of one reading per sensor (LOCKS_BENCH_SENSORS, default 1,000,000) to the keys, and
-// the memory of the process (embedded NATS included) once every sensor is tracked.
+// the memory of the process (embedded NATS included) once every sensor is tracked, and
+// before the watchdog started.
 func BenchmarkTrack(b *testing.B) {
 	n := benchSize(1_000_000)
 	for b.Loop() {
@@ -115,8 +117,13 @@ func BenchmarkTrack(b *testing.B) {
 		}
 		st := kvs.CachedInfo().State
 		b.ReportMetric(float64(n)/elapsed.Seconds(), "kv-updates/s")
+		b.ReportMetric(float64(n), "sensors")
 		b.ReportMetric(heap1, "heap-MB")
 		b.ReportMetric(rss1, "rss-MB")
+		// The process before the watchdog started (embedded NATS holding the backlog): what
+		// the watchdog adds is the difference.
+		b.ReportMetric(heap0, "heap-before-MB")
+		b.ReportMetric(rss0, "rss-before-MB")
 		b.Logf("%d sensors tracked: %d KV updates in %s = %.0f/s; heap %.0f MB (%.0f before the watchdog), RSS %.0f MB (%.0f before); KV stream %d msgs %d MB",
 			n, n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), heap1, heap0, rss1, rss0, st.Msgs, st.Bytes>>20)
 		stop()
@@ -188,5 +195,34 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		b.Logf("%d expiries: delay from deadline to fact in READINGS min %s p50 %s p99 %s max %s",
 			len(delays), delays[0].Round(time.Millisecond), p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), delays[len(delays)-1].Round(time.Millisecond))
 		stop()
+	}
+}
+
+// BenchmarkWrittenMap measures the watchdog's own memory per tracked sensor: the map of
+// refresh deadlines (the only per-sensor state it keeps while sensors report) filled with
+// LOCKS_BENCH_SENSORS (default 1,000,000) sensors over 16 partitions, with lost_after 1h,
+// as Go heap in use after a GC, without the NATS server and client buffers of BenchmarkTrack.
+func BenchmarkWrittenMap(b *testing.B) {
+	n := benchSize(1_000_000)
+	const parts = 16
+	for b.Loop() {
+		w := &Watchdog{cfg: Config{Partitions: parts, LostAfter: time.Hour}, parts: map[int]*partState{}}
+		empty := map[string]time.Duration{}
+		w.overrides.Store(&empty)
+		for p := range parts {
+			w.parts[p] = &partState{}
+		}
+		heap0, _ := memFigures()
+		now := time.Now()
+		for i := range n {
+			s := sensorName(i)
+			w.needsRefresh(w.parts[partition.Of(s, parts)], s, now)
+		}
+		heap1, _ := memFigures()
+		if got := w.writtenLen(); got != n {
+			b.Fatalf("%d sensors remembered, want %d", got, n)
+		}
+		b.ReportMetric(heap1-heap0, "written-map-MB")
+		b.ReportMetric((heap1-heap0)*(1<<20)/float64(n), "B/sensor")
 	}
 }

@@ -23,7 +23,10 @@
 // caught up, each held expiry is checked against the sensor's last message in READINGS (the
 // truth): a sensor whose last reading is younger than lost_after gets its key refreshed, one
 // whose last message is already a liveness_timeout gets nothing, the others get their fact.
-// So an outage of ours yields no storm of lost/restored pairs.
+// So an outage of ours yields no storm of lost/restored pairs. A backlog must not hide a
+// silent sensor for ever, though: an expiry held for MaxHold is settled the same way while
+// the pipeline is still behind (a sensor whose reading is stuck upstream is then declared,
+// and restored when the reading arrives), logged and counted as declared at the bound.
 //
 // A declared sensor's marker is overwritten by a value without TTL marking it declared, so a
 // restart does not re-declare it; a repeated append is also de-duplicated by its Nats-Msg-Id

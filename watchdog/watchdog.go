@@ -48,6 +48,12 @@ type Config struct {
 	// Durable is the prefix of the READINGS consumer names (default "watchdog"): one per
 	// partition, "<Durable>-<p>".
 	Durable string
+	// MaxHold bounds how long an expiry is held while the pipeline is behind; past it the
+	// sensor is declared anyway (LOCKS_WATCHDOG_MAX_HOLD, default MaxHoldDefault).
+	MaxHold time.Duration
+	// PruneEvery is how often the per-sensor refresh deadlines that have passed are
+	// forgotten (default 1m).
+	PruneEvery time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -68,6 +74,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Durable == "" {
 		c.Durable = "watchdog"
+	}
+	if c.MaxHold <= 0 {
+		c.MaxHold = MaxHoldDefault
+	}
+	if c.PruneEvery <= 0 {
+		c.PruneEvery = time.Minute
 	}
 	if len(c.Owned) == 0 {
 		c.Owned = partition.All(c.Partitions)
@@ -132,7 +144,10 @@ type Watchdog struct {
 
 	mu   sync.Mutex
 	held map[string]candidate
-	wake chan struct{}
+	// heldPeak is the most entries held since the map was last made, to know when
+	// shrinking it gives memory back.
+	heldPeak int
+	wake     chan struct{}
 
 	m metrics
 }
@@ -144,6 +159,12 @@ type candidate struct {
 	// expect: the key must still be at rev when we write it (always, but for a hand-made
 	// candidate in tests).
 	expect bool
+	// heldSince is when this process first held the sensor's expiry (set by addCandidate).
+	// It counts from here, not from the marker, so that markers replayed after a restart
+	// into a backlog are held for MaxHold like fresh ones.
+	heldSince time.Time
+	// overdue: settled because it was held for MaxHold, not because the pipeline caught up.
+	overdue bool
 }
 
 type partState struct {
@@ -154,9 +175,17 @@ type partState struct {
 	// doneSeq is the READINGS sequence of that message.
 	doneSeq atomic.Uint64
 	mu      sync.Mutex
+	// writtenMu guards written and writtenPeak: the consumer goroutine writes, the pruner
+	// and settle delete.
+	writtenMu sync.Mutex
 	// written is, per sensor, the deadline (receive time + lost_after) of the last refresh
-	// this process sent; only the partition's consumer goroutine touches it.
-	written map[string]time.Time
+	// this process sent, in unix seconds rounded up. Only for coalescing: an entry missing
+	// costs one key write more, never a missed expiry, so entries are dropped once their
+	// deadline has passed. Key and value hold no pointer (see sensorKey), so a million
+	// tracked sensors cost about 50 MB (BenchmarkWrittenMap) and nothing for the GC to scan.
+	written map[sensorKey]uint32
+	// writtenPeak is the most entries since written was last made (see pruneWritten).
+	writtenPeak int
 }
 
 // coalesceSlack is how far a sensor's deadline may move before its key is written again.
@@ -177,21 +206,40 @@ func coalesceSlack(lostAfter time.Duration) time.Duration {
 // and records the deadline it writes.
 func (w *Watchdog) needsRefresh(ps *partState, sensor string, received time.Time) bool {
 	lostAfter := w.lostAfter(sensor)
-	deadline := received.Add(lostAfter)
-	if d, ok := ps.written[sensor]; ok && !deadline.Before(d) && deadline.Sub(d) < coalesceSlack(lostAfter) {
-		return false
+	slack := coalesceSlack(lostAfter)
+	if slack == 0 {
+		return true // every reading writes: nothing to remember
+	}
+	k, ok := keyOfSensor(sensor)
+	if !ok {
+		return true // not a contract id: not worth remembering, always written
+	}
+	deadline := received.Add(lostAfter).UnixNano()
+	ps.writtenMu.Lock()
+	defer ps.writtenMu.Unlock()
+	// The stored deadline is rounded up to the second: the true one lies in (lo, lo+1s].
+	// Skip only when this one is within the slack of it (the sweep relies on a key standing
+	// for a reading at most the slack older than the last) and not earlier than lo (a key
+	// may then stand for a reading under a second newer than this one: harmless).
+	if d, ok := ps.written[k]; ok {
+		lo := int64(d)*int64(time.Second) - int64(time.Second)
+		if deadline >= lo && deadline-lo < int64(slack) {
+			return false
+		}
 	}
 	if ps.written == nil {
-		ps.written = map[string]time.Time{}
+		ps.written = map[sensorKey]uint32{}
 	}
-	ps.written[sensor] = deadline
+	ps.written[k] = ceilSeconds(deadline)
+	ps.writtenPeak = max(ps.writtenPeak, len(ps.written))
 	return true
 }
 
 type metrics struct {
 	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
 	coalesced                                                              prometheus.Counter
-	held                                                                   prometheus.Gauge
+	held, oldestHeld                                                       prometheus.Gauge
+	declaredAtMaxHold                                                      prometheus.Counter
 	delay, markerLag                                                       prometheus.Histogram
 }
 
@@ -239,12 +287,16 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		alreadyDeclared:  prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_already_declared_total", Help: "Expiries dropped because the sensor's last message already is a liveness_timeout."}),
 		repairs:          prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_reconcile_repairs_total", Help: "Differences between sensor_state and liveness keys repaired by the sweep; should stay 0."}),
 		held:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiries", Help: "Expiries held until the pipeline is caught up."}),
+		oldestHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiry_oldest_seconds",
+			Help: "How long the oldest held expiry has been held (0: none); at LOCKS_WATCHDOG_MAX_HOLD it is declared despite the lag."}),
+		declaredAtMaxHold: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_declared_at_max_hold_total",
+			Help: "liveness_timeout facts appended while the pipeline was still behind, because the expiry had been held for LOCKS_WATCHDOG_MAX_HOLD."}),
 		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_declare_delay_seconds", Help: "From a sensor's deadline (last reading + lost_after) to its fact.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.coalesced, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.delay, w.m.markerLag} {
+	for _, c := range []prometheus.Collector{w.m.refreshes, w.m.coalesced, w.m.expiries, w.m.facts, w.m.refreshedOnCheck, w.m.alreadyDeclared, w.m.repairs, w.m.held, w.m.oldestHeld, w.m.declaredAtMaxHold, w.m.delay, w.m.markerLag} {
 		if err := d.Reg.Register(c); err != nil {
 			return nil, fmt.Errorf("watchdog metrics: %w", err)
 		}
@@ -276,6 +328,9 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	g.Go(func() error { return w.declareLoop(gctx) })
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")
+	})
+	g.Go(func() error {
+		return w.every(gctx, w.cfg.PruneEvery, func(context.Context) error { w.pruneWritten(time.Now()); return nil }, "prune refresh deadlines")
 	})
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.SweepEvery, func(ctx context.Context) error { _, err := w.Sweep(ctx); return err }, "reconciliation sweep")
@@ -622,172 +677,6 @@ func (w *Watchdog) onKVMsg(m jetstream.Msg) {
 	w.addCandidate(sensor, candidate{rev: md.Sequence.Stream, expect: true, at: md.Timestamp})
 }
 
-func (w *Watchdog) addCandidate(sensor string, c candidate) {
-	w.mu.Lock()
-	w.held[sensor] = c
-	n := len(w.held)
-	w.mu.Unlock()
-	w.m.held.Set(float64(n))
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-// declareLoop examines the held expiries whenever one arrives and every HoldCheckEvery.
-func (w *Watchdog) declareLoop(ctx context.Context) error {
-	t := time.NewTicker(w.cfg.HoldCheckEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-w.wake:
-			// Let a burst of markers gather into one round.
-			sleep(ctx, 20*time.Millisecond)
-		}
-		if err := w.declareRound(ctx); err != nil && ctx.Err() == nil {
-			w.log.Warn("examining expiries", "err", err)
-		}
-	}
-}
-
-func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
-	behind, err := w.lag(ctx)
-	now := time.Now()
-	w.lagMu.Lock()
-	defer w.lagMu.Unlock()
-	if err != nil {
-		if !w.lagErr {
-			w.log.Warn("upstream lag unknown; holding expiries", "err", err)
-		}
-		w.lagErr, behind = true, true
-	} else if w.lagErr {
-		w.lagErr = false
-		w.log.Info("upstream lag known again")
-	}
-	// NATS itself was away: the bridge could not append either, and what it holds now
-	// (unacked in RabbitMQ, so not counted as ready) is on its way in. Count it as behind.
-	if nc := w.js.Conn(); nc.Status() != nats.CONNECTED {
-		behind = true
-	} else if r := nc.Stats().Reconnects; r != w.reconnects {
-		w.reconnects = r
-		w.log.Info("NATS reconnected; holding expiries for the catch-up grace", "grace", w.cfg.CatchUpGrace)
-		behind = true
-	}
-	if behind {
-		w.lastBehind = now
-		return true
-	}
-	return !w.lastBehind.IsZero() && now.Sub(w.lastBehind) < w.cfg.CatchUpGrace
-}
-
-// caughtUp reports, per partition, the stored time up to which every reading has refreshed
-// its key (math.MaxInt64 when the consumer has nothing left undelivered).
-func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
-	out := map[int]int64{}
-	for p := range parts {
-		ps := w.parts[p]
-		ps.mu.Lock()
-		cons := ps.cons
-		ps.mu.Unlock()
-		if cons == nil {
-			out[p] = 0
-			continue
-		}
-		done := ps.doneTS.Load()
-		info, err := cons.Info(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
-		}
-		// Nothing left undelivered: caught up. Messages delivered and not acked (in our
-		// buffer, or held by a crashed predecessor until AckWait) need no waiting for: settle
-		// reads each sensor's last message in READINGS itself.
-		if info.NumPending == 0 {
-			out[p] = int64(^uint64(0) >> 1)
-		} else {
-			out[p] = done
-		}
-	}
-	return out, nil
-}
-
-func (w *Watchdog) declareRound(ctx context.Context) error {
-	// Asked every round, so that a recovery is seen even while nothing is held.
-	behind := w.upstreamBehind(ctx)
-	w.mu.Lock()
-	if len(w.held) == 0 || behind {
-		w.mu.Unlock()
-		return nil
-	}
-	parts := map[int]bool{}
-	for s := range w.held {
-		parts[partition.Of(s, w.cfg.Partitions)] = true
-	}
-	w.mu.Unlock()
-	upTo, err := w.caughtUp(ctx, parts)
-	if err != nil {
-		return err
-	}
-	// Take the expiries whose partition has applied every reading stored before them.
-	type job struct {
-		sensor string
-		c      candidate
-	}
-	var jobs []job
-	w.mu.Lock()
-	for s, c := range w.held {
-		if c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.Partitions)] {
-			jobs = append(jobs, job{s, c})
-			delete(w.held, s)
-		}
-	}
-	w.m.held.Set(float64(len(w.held)))
-	w.mu.Unlock()
-	if len(jobs) == 0 {
-		return nil
-	}
-	readings, err := w.js.Stream(ctx, natsx.ReadingsStream)
-	if err != nil {
-		w.requeue(jobs[0].sensor, jobs[0].c)
-		for _, j := range jobs[1:] {
-			w.requeue(j.sensor, j.c)
-		}
-		return fmt.Errorf("READINGS: %w", err)
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(w.cfg.Concurrency)
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	for _, j := range jobs {
-		g.Go(func() error {
-			if err := w.settle(gctx, readings, j.sensor, j.c); err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-				w.requeue(j.sensor, j.c)
-			}
-			return nil
-		})
-	}
-	_ = g.Wait()
-	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
-	}
-	return nil
-}
-
-// requeue puts back an expiry that could not be settled, unless a newer one came meanwhile.
-func (w *Watchdog) requeue(sensor string, c candidate) {
-	w.mu.Lock()
-	if _, ok := w.held[sensor]; !ok {
-		w.held[sensor] = c
-	}
-	n := len(w.held)
-	w.mu.Unlock()
-	w.m.held.Set(float64(n))
-}
-
 // FactMsgID is the Nats-Msg-Id of the liveness_timeout fact that follows the reading at
 // READINGS sequence seq: the same expiry appended twice is stored once.
 func FactMsgID(sensor string, seq uint64) string {
@@ -844,6 +733,12 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 		return fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
 	}
 	w.m.facts.Inc()
+	if c.overdue {
+		w.m.declaredAtMaxHold.Inc()
+		w.log.Warn("sensor declared lost despite the pipeline lag: its expiry was held for max_hold",
+			"sensor", sensor, "held_for", now.Sub(c.heldSince).Round(time.Millisecond), "max_hold", w.cfg.MaxHold, "last_reading", l.ReceivedTime)
+	}
+	w.forget(sensor)
 	w.m.delay.Observe(now.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
 	if !c.at.IsZero() {
 		w.m.markerLag.Observe(c.at.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())

@@ -198,6 +198,7 @@ func render(rs []result, cmdline string, plots []plotFile, docDir string) string
 	renderSoak(&b, rs, plots, docDir)
 	renderScaling(&b, rs)
 	renderCPU(&b, rs)
+	renderWatchdogMemory(&b, rs)
 	return b.String()
 }
 

@@ -41,6 +41,8 @@ type Config struct {
 	HistoryFlushInterval time.Duration
 	// WatchdogSweep is the period of the watchdog's reconciliation sweep.
 	WatchdogSweep time.Duration
+	// WatchdogMaxHold bounds how long the watchdog holds an expiry while the pipeline is behind.
+	WatchdogMaxHold time.Duration
 	// Pprof serves net/http/pprof on the ops server.
 	Pprof bool
 }
@@ -218,6 +220,7 @@ func settings() []setting {
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
 		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's sweep comparing sensor_state with the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
+		{"LOCKS_WATCHDOG_MAX_HOLD", "15m", "longest the watchdog holds an expiry while the pipeline is behind before declaring the sensor lost anyway", dur(func(c *Config) *time.Duration { return &c.WatchdogMaxHold })},
 		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep the address private)", boolean(func(c *Config) *bool { return &c.Pprof })},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {

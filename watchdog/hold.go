@@ -1,0 +1,224 @@
+package watchdog
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+)
+
+// MaxHoldDefault bounds how long an expiry is held while the pipeline is behind: a quarter
+// of the default lost_after. A bridge restart or an ordinary backlog drains well within it;
+// a sensor that really went silent during a longer outage, or behind a backlog that does not
+// drain, is then reported at most this much late, rather than never.
+const MaxHoldDefault = 15 * time.Minute
+
+func (w *Watchdog) addCandidate(sensor string, c candidate) {
+	now := time.Now()
+	w.mu.Lock()
+	// Held since the first expiry of this silence that is still held: a second one (the
+	// sweep's, or a marker replayed after a reconnect) does not restart the bound.
+	if old, ok := w.held[sensor]; ok && !old.heldSince.IsZero() {
+		c.heldSince = old.heldSince
+	} else if c.heldSince.IsZero() {
+		c.heldSince = now
+	}
+	w.held[sensor] = c
+	n := len(w.held)
+	w.heldPeak = max(w.heldPeak, n)
+	w.mu.Unlock()
+	w.m.held.Set(float64(n))
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// declareLoop examines the held expiries whenever one arrives and every HoldCheckEvery.
+func (w *Watchdog) declareLoop(ctx context.Context) error {
+	t := time.NewTicker(w.cfg.HoldCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-w.wake:
+			// Let a burst of markers gather into one round.
+			sleep(ctx, 20*time.Millisecond)
+		}
+		if err := w.declareRound(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("examining expiries", "err", err)
+		}
+	}
+}
+
+func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
+	behind, err := w.lag(ctx)
+	now := time.Now()
+	w.lagMu.Lock()
+	defer w.lagMu.Unlock()
+	if err != nil {
+		if !w.lagErr {
+			w.log.Warn("upstream lag unknown; holding expiries", "err", err)
+		}
+		w.lagErr, behind = true, true
+	} else if w.lagErr {
+		w.lagErr = false
+		w.log.Info("upstream lag known again")
+	}
+	// NATS itself was away: the bridge could not append either, and what it holds now
+	// (unacked in RabbitMQ, so not counted as ready) is on its way in. Count it as behind.
+	if nc := w.js.Conn(); nc.Status() != nats.CONNECTED {
+		behind = true
+	} else if r := nc.Stats().Reconnects; r != w.reconnects {
+		w.reconnects = r
+		w.log.Info("NATS reconnected; holding expiries for the catch-up grace", "grace", w.cfg.CatchUpGrace)
+		behind = true
+	}
+	if behind {
+		w.lastBehind = now
+		return true
+	}
+	return !w.lastBehind.IsZero() && now.Sub(w.lastBehind) < w.cfg.CatchUpGrace
+}
+
+// caughtUp reports, per partition, the stored time up to which every reading has refreshed
+// its key (math.MaxInt64 when the consumer has nothing left undelivered).
+func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
+	out := map[int]int64{}
+	for p := range parts {
+		ps := w.parts[p]
+		ps.mu.Lock()
+		cons := ps.cons
+		ps.mu.Unlock()
+		if cons == nil {
+			out[p] = 0
+			continue
+		}
+		done := ps.doneTS.Load()
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
+		}
+		// Nothing left undelivered: caught up. Messages delivered and not acked (in our
+		// buffer, or held by a crashed predecessor until AckWait) need no waiting for: settle
+		// reads each sensor's last message in READINGS itself.
+		if info.NumPending == 0 {
+			out[p] = int64(^uint64(0) >> 1)
+		} else {
+			out[p] = done
+		}
+	}
+	return out, nil
+}
+
+// declareRound settles the held expiries whose partition has applied every reading stored
+// before them while the upstream is caught up, and, whatever the lag, those held for
+// MaxHold: a backlog that does not drain must not hide a sensor that really went silent.
+// settle still reads the sensor's last message in READINGS, so one whose reading did reach
+// the log is refreshed, not declared; one whose reading is still upstream is declared, and
+// restored when that reading comes through.
+func (w *Watchdog) declareRound(ctx context.Context) error {
+	// Asked every round, so that a recovery is seen even while nothing is held.
+	behind := w.upstreamBehind(ctx)
+	now := time.Now()
+	w.mu.Lock()
+	if len(w.held) == 0 {
+		w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
+		w.mu.Unlock()
+		w.setHeldGauges(0, time.Time{}, now)
+		return nil
+	}
+	parts := map[int]bool{}
+	if !behind {
+		for s := range w.held {
+			parts[partition.Of(s, w.cfg.Partitions)] = true
+		}
+	}
+	w.mu.Unlock()
+	var upTo map[int]int64
+	var lagErr error
+	if !behind {
+		// Unknown progress counts as behind: only expiries past the bound go.
+		upTo, lagErr = w.caughtUp(ctx, parts)
+	}
+	type job struct {
+		sensor string
+		c      candidate
+	}
+	var jobs []job
+	var oldest time.Time
+	w.mu.Lock()
+	for s, c := range w.held {
+		// Due: its partition has applied every reading stored before it, upstream too.
+		due := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.Partitions)]
+		c.overdue = !due && now.Sub(c.heldSince) >= w.cfg.MaxHold
+		if due || c.overdue {
+			jobs = append(jobs, job{s, c})
+			delete(w.held, s)
+		} else if oldest.IsZero() || c.heldSince.Before(oldest) {
+			oldest = c.heldSince
+		}
+	}
+	n := len(w.held)
+	w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
+	w.mu.Unlock()
+	w.setHeldGauges(n, oldest, now)
+	if len(jobs) == 0 {
+		return lagErr
+	}
+	readings, err := w.js.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		for _, j := range jobs {
+			w.requeue(j.sensor, j.c)
+		}
+		return fmt.Errorf("READINGS: %w", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(w.cfg.Concurrency)
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for _, j := range jobs {
+		g.Go(func() error {
+			if err := w.settle(gctx, readings, j.sensor, j.c); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+				w.requeue(j.sensor, j.c)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
+	}
+	return lagErr
+}
+
+// setHeldGauges publishes how many expiries are held and how long the oldest has been.
+func (w *Watchdog) setHeldGauges(n int, oldest, now time.Time) {
+	w.m.held.Set(float64(n))
+	if n == 0 || oldest.IsZero() {
+		w.m.oldestHeld.Set(0)
+		return
+	}
+	w.m.oldestHeld.Set(now.Sub(oldest).Seconds())
+}
+
+// requeue puts back an expiry that could not be settled, unless a newer one came meanwhile.
+func (w *Watchdog) requeue(sensor string, c candidate) {
+	w.mu.Lock()
+	if _, ok := w.held[sensor]; !ok {
+		w.held[sensor] = c
+	}
+	n := len(w.held)
+	w.mu.Unlock()
+	w.m.held.Set(float64(n))
+}

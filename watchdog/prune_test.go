@@ -1,0 +1,97 @@
+package watchdog
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// TestWrittenPruned churns a fleet: thousands of sensors report once (received 50 s before
+// now, so with lost_after 1m their deadlines pass within seconds) and go silent, one keeps
+// a fresh deadline. The per-sensor map of written deadlines holds them all at first, then
+// only the fresh one, and is remade smaller rather than keeping the fleet's size.
+func TestWrittenPruned(t *testing.T) {
+	t.Parallel()
+	const lost = time.Minute // coalescing, hence the map, needs lost_after >= 1m
+	const churned = shrinkMin*testPartitions + 1000
+	e := newEnv(t, lost)
+	w, reg, _ := e.start(Config{LostAfter: lost, PruneEvery: 200 * time.Millisecond})
+	received := time.Now().Add(-50 * time.Second).UTC()
+	for i := range churned {
+		s := fmt.Sprintf("churn%d", i)
+		b, _ := json.Marshal(event.Log{V: event.Version, Kind: event.KindReading, SensorID: s, Data: 1, Time: received, ReceivedTime: received, MessageID: s})
+		if _, err := e.nats.JS.PublishMsgAsync(&nats.Msg{Subject: natsx.ReadingsSubject(s), Data: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-e.nats.JS.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("appends not acknowledged within 30 s")
+	}
+	e.reading("fresh")
+	testenv.Eventually(t, 30*time.Second, "every reading to refresh its key", func() bool {
+		return counter(t, reg, "locks_watchdog_refreshes_total") >= churned+1
+	})
+	if n := w.writtenLen(); n < churned/2 {
+		// Most deadlines are still ahead here (10 s after the appends began).
+		t.Fatalf("%d deadlines remembered after %d sensors reported, want most of them", n, churned+1)
+	}
+	testenv.Eventually(t, 40*time.Second, "the churned sensors' deadlines to be forgotten", func() bool {
+		return w.writtenLen() == 1
+	})
+	// Each partition's map held over shrinkMin entries; once remade it is sized for what
+	// it held then, under shrinkMin (smaller maps are not worth remaking).
+	for p, ps := range w.parts {
+		ps.writtenMu.Lock()
+		peak := ps.writtenPeak
+		ps.writtenMu.Unlock()
+		if peak >= shrinkMin {
+			t.Errorf("partition %d: map not remade after the churn (sized for %d entries, holds %d)", p, peak, w.writtenLen())
+		}
+	}
+	// The fresh sensor's entry still coalesces its next reading.
+	before := counter(t, reg, "locks_watchdog_refreshes_coalesced_total")
+	e.reading("fresh")
+	testenv.Eventually(t, 10*time.Second, "the fresh sensor's next reading to be coalesced", func() bool {
+		return counter(t, reg, "locks_watchdog_refreshes_coalesced_total") > before
+	})
+}
+
+// needsRefresh keeps its deadlines in whole seconds; a key must still never stand for a
+// reading more than the slack (lost_after/4) older than the last one, whatever the rounding.
+func TestNeedsRefreshRounding(t *testing.T) {
+	t.Parallel()
+	w := &Watchdog{cfg: Config{Partitions: 1, LostAfter: time.Hour}}
+	empty := map[string]time.Duration{}
+	w.overrides.Store(&empty)
+	ps := &partState{}
+	t0 := time.Date(2026, 11, 22, 10, 0, 0, 300_000_000, time.UTC) // not on a second
+	for _, c := range []struct {
+		after time.Duration // receive time after t0
+		want  bool
+	}{
+		{0, true},
+		{time.Millisecond, false},
+		{15*time.Minute - 701*time.Millisecond, false}, // under the slack, even counted from the rounded-up deadline
+		{15 * time.Minute, true},                       // the slack: written
+		{15*time.Minute + time.Second, false},
+		{15*time.Minute - 2*time.Second, true}, // older than the key's reading by more than the rounding: written
+		{30*time.Minute - 3*time.Second, false},
+		{30*time.Minute - 2*time.Second, true},
+	} {
+		if got := w.needsRefresh(ps, "s1", t0.Add(c.after)); got != c.want {
+			t.Errorf("reading at t0+%s: needsRefresh %v, want %v", c.after, got, c.want)
+		}
+	}
+	if got := w.needsRefresh(ps, "a-name-longer-than-16", t0); !got || len(ps.written) != 1 {
+		t.Errorf("an id that is no sensor key: needsRefresh %v and %d entries, want written and not remembered", got, len(ps.written))
+	}
+}
