@@ -56,6 +56,9 @@ type Config struct {
 	// DrainTimeout bounds how long a stopping bridge waits for the appends in flight so
 	// that it can ack them (default 10s); what it cannot ack is redelivered and de-duplicated.
 	DrainTimeout time.Duration
+	// ClockSkewMax is how far a reading's ts may be from its receive time before it is counted
+	// in locks_bridge_clock_skew_total (default ClockSkewMaxDefault; see clock.go).
+	ClockSkewMax time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -82,6 +85,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
+	}
+	if c.ClockSkewMax <= 0 {
+		c.ClockSkewMax = ClockSkewMaxDefault
 	}
 }
 
@@ -114,6 +120,8 @@ type Bridge struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 	m   metrics
+	// skew counts readings whose sensor clock is off (clock.go).
+	skew *clockSkew
 	// lastRetryLog is only touched by the acker goroutine.
 	lastRetryLog time.Time
 }
@@ -191,7 +199,11 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bridge{cfg: cfg, js: js, log: deps.Log.With("part", "bridge"), m: m}, nil
+	skew, err := newClockSkew(cfg.ClockSkewMax, deps.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Bridge{cfg: cfg, js: js, log: deps.Log.With("part", "bridge"), m: m, skew: skew}, nil
 }
 
 // Run consumes until ctx is done, reconnecting to RabbitMQ with backoff. It returns nil
@@ -445,6 +457,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 		})
 		return it
 	}
+	b.skew.observe(r)
 	id := MessageID(d)
 	body, err := json.Marshal(event.Log{
 		V: event.Version, Kind: event.KindReading, SensorID: r.SensorID, Data: r.Data,
