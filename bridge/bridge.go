@@ -69,6 +69,9 @@ type Config struct {
 	// messages, the oldest dropped first), so a flood of bad messages cannot fill
 	// RabbitMQ's disk. A queue that already exists keeps its own arguments and policies.
 	InvalidMaxLength int
+	// ClockSkewMax is how far a reading's ts may be from its receive time before it is counted
+	// in locks_bridge_clock_skew_total (default ClockSkewMaxDefault; see clock.go).
+	ClockSkewMax time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -98,6 +101,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.InvalidMaxLength <= 0 {
 		c.InvalidMaxLength = 100_000
+	}
+	if c.ClockSkewMax <= 0 {
+		c.ClockSkewMax = ClockSkewMaxDefault
 	}
 }
 
@@ -130,6 +136,8 @@ type Bridge struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 	m   metrics
+	// skew counts readings whose sensor clock is off (clock.go).
+	skew *clockSkew
 	// lastRetryLog is only touched by the acker goroutine.
 	lastRetryLog time.Time
 }
@@ -207,7 +215,11 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bridge{cfg: cfg, js: js, log: deps.Log.With("part", "bridge"), m: m}, nil
+	skew, err := newClockSkew(cfg.ClockSkewMax, deps.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Bridge{cfg: cfg, js: js, log: deps.Log.With("part", "bridge"), m: m, skew: skew}, nil
 }
 
 // Run consumes until ctx is done, reconnecting to RabbitMQ with backoff. It returns nil
@@ -477,6 +489,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 		})
 		return it
 	}
+	b.skew.observe(r)
 	id := MessageID(d)
 	origin := sess.id + "/" + strconv.FormatUint(d.DeliveryTag, 10)
 	body, err := json.Marshal(event.Log{

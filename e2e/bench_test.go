@@ -28,13 +28,23 @@ func (s *system) metric(name string) float64 {
 // the publish rate, the rate at which readings were committed to the state projection
 // (publish start → last reading committed), their ratio, and the lag from publish to the
 // state projection (sampled every 250 ms as now − the newest committed reading's ts).
+//
+// It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
+// one run, so that the cost of fsync on every write is measured on the same machine and load:
+// sync=2m is nats-server's default, sync=always what the README's "Durability" chooses.
 func BenchmarkEndToEndIngest(b *testing.B) {
 	dur := 60 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_E2E_DURATION")); err == nil {
 		dur = v
 	}
+	for _, sync := range []string{"2m", "always"} {
+		b.Run("sync="+sync, func(b *testing.B) { benchIngest(b, dur, "LOCKS_NATS_SYNC="+sync) })
+	}
+}
+
+func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 	for range b.N {
-		s := start(b)
+		s := start(b, env...)
 		pool, err := pgxpool.New(b.Context(), s.pgURL)
 		if err != nil {
 			b.Fatal(err)

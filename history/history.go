@@ -61,7 +61,8 @@ func New(ch driver.Conn) (*Store, error) {
 
 // Query selects a page of a list. Start is inclusive and End exclusive (zero: unbounded) on
 // the row's time: a reading's ts (or its receive time when it had none), an event's
-// occurred_at, an attempt's time.
+// occurred_at, an attempt's time. Readings and events are listed in the order the system
+// received them, not by that time: a sensor's clock may be years off (CONTRACT.md section 1).
 type Query struct {
 	Start, End time.Time
 	// PageSize is 1 to MaxPageSize; 0 means DefaultPageSize.
@@ -94,10 +95,12 @@ type Event struct {
 	ID           string
 	SensorID     string
 	Type         string
-	Time         time.Time
+	Time         time.Time // occurred_at: a state change's reading time, which may be the sensor's clock
 	Data         uint8
 	PreviousData *uint8
 	Revision     int64
+	// ReceivedTime is when EVENTS stored the event (server time); lists are in its order.
+	ReceivedTime time.Time
 }
 
 // EventsPage is one page of events.
@@ -188,8 +191,18 @@ func (q Query) window(kind, id string) (window, error) {
 // tmsExpr is a row's time in milliseconds.
 const tmsExpr = "(toInt64(time) * 1000 + time_ms)"
 
+// A list's order: the time columns it is sorted and paged by (the table's sorting key after
+// the id), the row's time for deliveries, the receive time for readings and events.
+type orderCols struct{ sec, expr string }
+
+var (
+	byTime     = orderCols{"time", tmsExpr}
+	byReceived = orderCols{"received", "(toInt64(received) * 1000 + received_ms)"}
+)
+
 // rangeConds are the WHERE conditions of w on the time columns, with coarse ones on the
-// DateTime column so that the primary key prunes.
+// DateTime column so that the primary key prunes where time is in it (deliveries; readings and
+// events are sorted by receive time, and a sensor's clock says nothing about that).
 func (w window) rangeConds() []string {
 	c := []string{
 		fmt.Sprintf("time >= toDateTime(%d)", w.start/1000),
@@ -204,13 +217,13 @@ func (w window) rangeConds() []string {
 
 // keysetCond continues after the token's row: rows strictly after (or before, newest first)
 // (T, tie) in the list's order. tie gives the tie-breaking condition for a comparison operator.
-func (w window) keysetCond(tie func(op string) string) string {
+func (w window) keysetCond(by orderCols, tie func(op string) string) string {
 	t, op, bound := w.after.T, ">", ">="
 	if w.newest {
 		op, bound = "<", "<="
 	}
-	return fmt.Sprintf("time %s toDateTime(%d) AND (%s %s %d OR (%s = %d AND %s))",
-		bound, t/1000, tmsExpr, op, t, tmsExpr, t, tie(op))
+	return fmt.Sprintf("%s %s toDateTime(%d) AND (%s %s %d OR (%s = %d AND %s))",
+		by.sec, bound, t/1000, by.expr, op, t, by.expr, t, tie(op))
 }
 
 func (w window) order(cols ...string) string {
@@ -231,16 +244,17 @@ func (s *Store) Readings(ctx context.Context, sensorID string, q Query) (Reading
 	if err := checkID("sensor_id", sensorID); err != nil {
 		return page, err
 	}
-	w, err := q.window("readings", sensorID)
+	// Tokens of the lists ordered by ts, before the receive-time order, are refused as another query's.
+	w, err := q.window("readings.received", sensorID)
 	if err != nil {
 		return page, err
 	}
 	conds := append([]string{"sensor_id = " + quote(sensorID)}, w.rangeConds()...)
 	if w.after != nil {
-		conds = append(conds, w.keysetCond(func(op string) string { return fmt.Sprintf("seq %s %d", op, w.after.S) }))
+		conds = append(conds, w.keysetCond(byReceived, func(op string) string { return fmt.Sprintf("seq %s %d", op, w.after.S) }))
 	}
 	sql := "SELECT seq, data, toUInt32(time), time_ms, toUInt32(received), received_ms, message_id FROM readings WHERE " +
-		strings.Join(conds, " AND ") + " ORDER BY " + w.order("time", "time_ms", "seq") +
+		strings.Join(conds, " AND ") + " ORDER BY " + w.order("received", "received_ms", "seq") +
 		" LIMIT 1 BY seq LIMIT " + strconv.Itoa(w.size+1)
 	rows, err := s.ch.Query(ctx, sql)
 	if err != nil {
@@ -263,7 +277,7 @@ func (s *Store) Readings(ctx context.Context, sensorID string, q Query) (Reading
 	if len(page.Readings) > w.size {
 		page.Readings = page.Readings[:w.size]
 		last := page.Readings[w.size-1]
-		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.Time.UnixMilli(), S: last.Seq})
+		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.ReceivedTime.UnixMilli(), S: last.Seq})
 	}
 	return page, nil
 }
@@ -282,16 +296,20 @@ func (s *Store) Events(ctx context.Context, sensorID string, q Query) (EventsPag
 	if err := checkID("sensor_id", sensorID); err != nil {
 		return page, err
 	}
-	w, err := q.window("events", sensorID)
+	w, err := q.window("events.received", sensorID)
 	if err != nil {
 		return page, err
 	}
 	conds := append([]string{"sensor_id = " + quote(sensorID)}, w.rangeConds()...)
 	if w.after != nil {
-		conds = append(conds, w.keysetCond(func(op string) string { return "event_id " + op + " " + quote(w.after.ID) }))
+		// Several events of a sensor often share a millisecond (a restoring reading that also
+		// changes the state): its revision orders them.
+		conds = append(conds, w.keysetCond(byReceived, func(op string) string {
+			return fmt.Sprintf("(revision %s %d OR (revision = %d AND event_id %s %s))", op, w.after.S, w.after.S, op, quote(w.after.ID))
+		}))
 	}
-	sql := "SELECT event_id, type, toUInt32(time), time_ms, data, previous_data, revision FROM events WHERE " +
-		strings.Join(conds, " AND ") + " ORDER BY " + w.order("time", "time_ms", "event_id") +
+	sql := "SELECT event_id, type, toUInt32(time), time_ms, data, previous_data, revision, toUInt32(received), received_ms FROM events WHERE " +
+		strings.Join(conds, " AND ") + " ORDER BY " + w.order("received", "received_ms", "revision", "event_id") +
 		" LIMIT 1 BY event_id LIMIT " + strconv.Itoa(w.size+1)
 	rows, err := s.ch.Query(ctx, sql)
 	if err != nil {
@@ -300,13 +318,13 @@ func (s *Store) Events(ctx context.Context, sensorID string, q Query) (EventsPag
 	defer rows.Close()
 	for rows.Next() {
 		var e Event
-		var ts uint32
-		var tms uint16
+		var ts, rs uint32
+		var tms, rms uint16
 		var rev uint64
-		if err := rows.Scan(&e.ID, &e.Type, &ts, &tms, &e.Data, &e.PreviousData, &rev); err != nil {
+		if err := rows.Scan(&e.ID, &e.Type, &ts, &tms, &e.Data, &e.PreviousData, &rev, &rs, &rms); err != nil {
 			return page, fmt.Errorf("history: events of %s: %w", sensorID, err)
 		}
-		e.SensorID, e.Time, e.Revision = sensorID, msTime(ts, tms), int64(rev)
+		e.SensorID, e.Time, e.Revision, e.ReceivedTime = sensorID, msTime(ts, tms), int64(rev), msTime(rs, rms)
 		page.Events = append(page.Events, e)
 	}
 	if err := rows.Err(); err != nil {
@@ -315,7 +333,7 @@ func (s *Store) Events(ctx context.Context, sensorID string, q Query) (EventsPag
 	if len(page.Events) > w.size {
 		page.Events = page.Events[:w.size]
 		last := page.Events[w.size-1]
-		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.Time.UnixMilli(), ID: last.ID})
+		page.NextPageToken = encodePageToken(pageToken{Q: w.fp, T: last.ReceivedTime.UnixMilli(), S: uint64(last.Revision), ID: last.ID})
 	}
 	return page, nil
 }
@@ -333,7 +351,7 @@ func (s *Store) Deliveries(ctx context.Context, clientID string, q Query) (Deliv
 	conds := append([]string{"client_id = " + quote(clientID)}, w.rangeConds()...)
 	if w.after != nil {
 		id := quote(w.after.ID)
-		conds = append(conds, w.keysetCond(func(op string) string {
+		conds = append(conds, w.keysetCond(byTime, func(op string) string {
 			return fmt.Sprintf("(event_id %s %s OR (event_id = %s AND attempt %s %d))", op, id, id, op, w.after.S)
 		}))
 	}

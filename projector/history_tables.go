@@ -32,7 +32,7 @@ var historyTables = []historyTable{
 	},
 	{
 		name:    "events",
-		insert:  "INSERT INTO events (event_id, sensor_id, type, revision, data, previous_data, time, time_ms, seq)",
+		insert:  "INSERT INTO events (event_id, sensor_id, type, revision, data, previous_data, time, time_ms, seq, received, received_ms)",
 		decode:  decodeHistoryEvent,
 		columns: historyEventColumns,
 	},
@@ -104,15 +104,15 @@ func historyReadingColumns(rows []any) []any {
 }
 
 type historyEvent struct {
-	id, sensorID, typ string
-	revision, seq     uint64
-	data              uint8
-	previous          *uint8
-	time              int64
-	timeMS            uint16
+	id, sensorID, typ  string
+	revision, seq      uint64
+	data               uint8
+	previous           *uint8
+	time, received     int64
+	timeMS, receivedMS uint16
 }
 
-func decodeHistoryEvent(data []byte, _ *jetstream.MsgMetadata) (any, error) {
+func decodeHistoryEvent(data []byte, md *jetstream.MsgMetadata) (any, error) {
 	e, err := event.DecodeEvent(data)
 	if err != nil {
 		return nil, err
@@ -123,6 +123,9 @@ func decodeHistoryEvent(data []byte, _ *jetstream.MsgMetadata) (any, error) {
 	r := historyEvent{id: e.ID, sensorID: e.SensorID, typ: e.Type, revision: uint64(e.Revision),
 		seq: e.Seq, data: e.Data, previous: e.PreviousData}
 	r.time, r.timeMS = historyTime(e.OccurredAt)
+	// occurred_at of a state change is the sensor's clock; the table is partitioned and
+	// ordered by when EVENTS stored the event, which the server's clock decides.
+	r.received, r.receivedMS = historyTime(md.Timestamp)
 	return r, nil
 }
 
@@ -133,15 +136,15 @@ func historyEventColumns(rows []any) []any {
 		rev, seq        = make([]uint64, n), make([]uint64, n)
 		data            = make([]uint8, n)
 		prev            = make([]*uint8, n)
-		tm              = make([]int64, n)
-		tmMS            = make([]uint16, n)
+		tm, rcv         = make([]int64, n), make([]int64, n)
+		tmMS, rcvMS     = make([]uint16, n), make([]uint16, n)
 	)
 	for i, x := range rows {
 		r := x.(historyEvent)
-		id[i], sensor[i], typ[i], rev[i], data[i], prev[i], tm[i], tmMS[i], seq[i] =
-			r.id, r.sensorID, r.typ, r.revision, r.data, r.previous, r.time, r.timeMS, r.seq
+		id[i], sensor[i], typ[i], rev[i], data[i], prev[i], tm[i], tmMS[i], seq[i], rcv[i], rcvMS[i] =
+			r.id, r.sensorID, r.typ, r.revision, r.data, r.previous, r.time, r.timeMS, r.seq, r.received, r.receivedMS
 	}
-	return []any{id, sensor, typ, rev, data, prev, tm, tmMS, seq}
+	return []any{id, sensor, typ, rev, data, prev, tm, tmMS, seq, rcv, rcvMS}
 }
 
 type historyDelivery struct {

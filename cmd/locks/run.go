@@ -127,7 +127,7 @@ type runner interface {
 func buildPart(name string, d deps) (runner, error) {
 	switch name {
 	case "bridge":
-		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue},
+		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
 			bridge.Deps{JS: d.js, Log: d.log, Registerer: d.reg})
 	case "notifier":
 		return notifier.New(d.cfg, notifier.Deps{JS: d.js, DB: d.pg, Log: d.log, Reg: d.reg, Partitions: d.partitions})
@@ -233,7 +233,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
 		}
-		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, log)
+		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, log)
 		if err != nil {
 			return err
 		}

@@ -38,6 +38,16 @@ var baselines = map[string][][2]string{
 	"BenchmarkEndToEndIngest": {{"BenchmarkBareRabbitPublisher", "readings/s"}, {"BenchmarkBareRabbitPassThrough", "readings/s"}},
 }
 
+// baselinesOf is the baselines of name, or of the benchmark it is a sub-benchmark of
+// (BenchmarkEndToEndIngest/sync=always is judged against BenchmarkEndToEndIngest's).
+func baselinesOf(name string) [][2]string {
+	if b, ok := baselines[name]; ok {
+		return b
+	}
+	parent, _, _ := strings.Cut(name, "/")
+	return baselines[parent]
+}
+
 func main() {
 	in := flag.String("in", "bench.out", "go test -bench output")
 	out := flag.String("out", "BENCHMARKS.md", "file to update")
@@ -178,7 +188,7 @@ func render(rs []result, cmdline string, plots []plotFile, docDir string) string
 			figs = append(figs, fmt.Sprintf("%s ns/op", human(r.metrics["ns/op"])))
 		}
 		var base, ratio []string
-		for _, pair := range baselines[r.name] {
+		for _, pair := range baselinesOf(r.name) {
 			br, ok := byName[pair[0]]
 			if !ok {
 				continue

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
@@ -45,6 +46,11 @@ type Config struct {
 	WatchdogMaxHold time.Duration
 	// Pprof serves net/http/pprof on the ops server.
 	Pprof bool
+	// NATSSync is when the embedded NATS server syncs its store to disk.
+	NATSSync natsx.Sync
+	// ClockSkewMax is how far a reading's ts may be from its receive time before the bridge
+	// counts it in locks_bridge_clock_skew_total.
+	ClockSkewMax time.Duration
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -165,6 +171,12 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_NATS_LISTEN", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)", addr(func(c *Config) *string { return &c.NATSListen })},
+		{"LOCKS_NATS_SYNC", natsx.SyncDefault, `when the embedded NATS server syncs its store to disk: "always" (every write) or an interval such as "2m"`, func(c *Config, v string) error {
+			s, err := natsx.ParseSync(v)
+			c.NATSSync = s
+			return err
+		}},
+		{"LOCKS_CLOCK_SKEW_MAX", "5m", "distance between a reading's ts and its receive time beyond which it is counted as a skewed sensor clock", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
 		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state", str(func(c *Config) *string { return &c.DataDir })},
 		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /metrics, /healthz, /readyz", addr(func(c *Config) *string { return &c.HTTPAddr })},
 		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},

@@ -12,6 +12,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -196,9 +197,40 @@ func transformString(t *jetstream.SubjectTransformConfig) string {
 	return t.Source + " → " + t.Destination
 }
 
+// Sync is when the embedded JetStream store calls fsync: after every write (Always), or in
+// the background every Interval. Between two syncs an append JetStream has acknowledged is
+// only in the page cache, so a power loss (not a process crash) can lose it, as Jepsen's
+// analysis of NATS 2.12 showed; the bridge has acked RabbitMQ by then, so nothing resends it.
+type Sync struct {
+	Always   bool
+	Interval time.Duration
+}
+
+// SyncDefault is LOCKS_NATS_SYNC's default; README "Durability" gives the figures behind it.
+const SyncDefault = "always"
+
+// ParseSync reads "always" or a duration such as "2m" (at least 1ms).
+func ParseSync(v string) (Sync, error) {
+	if strings.EqualFold(strings.TrimSpace(v), "always") {
+		return Sync{Always: true}, nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || d < time.Millisecond {
+		return Sync{}, errors.New(`must be "always" or a duration of at least 1ms such as "2m"`)
+	}
+	return Sync{Interval: d}, nil
+}
+
+func (s Sync) String() string {
+	if s.Always {
+		return "always"
+	}
+	return s.Interval.String()
+}
+
 // Embedded runs a NATS server with JetStream in this process, storing under dir and
-// listening on listen (host:port; port 0 picks a free port).
-func Embedded(dir, listen string, log *slog.Logger) (*server.Server, error) {
+// listening on listen (host:port; port 0 picks a free port), syncing its store as sync says.
+func Embedded(dir, listen string, sync Sync, log *slog.Logger) (*server.Server, error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS address %q: %w", listen, err)
@@ -221,6 +253,15 @@ func Embedded(dir, listen string, log *slog.Logger) (*server.Server, error) {
 		// Readings are small; a batch of publishes must not be cut by the default payload.
 		MaxPayload: 1 << 20,
 	}
+	switch {
+	case sync.Always:
+		// As nats-server's own `sync: always` sets it: the interval stays for what it also paces.
+		opts.SyncAlways, opts.SyncInterval = true, 2*time.Minute
+	case sync.Interval > 0:
+		opts.SyncInterval = sync.Interval
+	default:
+		return nil, errors.New("embedded NATS: no sync policy (natsx.ParseSync)")
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
@@ -230,7 +271,7 @@ func Embedded(dir, listen string, log *slog.Logger) (*server.Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("embedded NATS did not become ready within 30s (store %s)", opts.StoreDir)
 	}
-	log.Info("embedded NATS server running", "url", ns.ClientURL(), "store", opts.StoreDir)
+	log.Info("embedded NATS server running", "url", ns.ClientURL(), "store", opts.StoreDir, "sync", sync.String())
 	return ns, nil
 }
 
