@@ -177,7 +177,9 @@ func (r *refusals) refuse(e *CheckpointMismatchError) {
 	r.by[e.Partition] = e
 	r.mu.Unlock()
 	r.gauge.WithLabelValues(r.projection, strconv.Itoa(e.Partition)).Set(1)
-	if was && *prev == *e {
+	// The stream's last sequence moves while the partition waits: only another checkpoint or
+	// another stream is news worth a line.
+	if was && prev.Seq == e.Seq && prev.Stream == e.Stream && prev.Current == e.Current {
 		return
 	}
 	r.log.Error("partition stopped: its checkpoint does not belong to the READINGS stream; nothing of it is applied until this is resolved",
