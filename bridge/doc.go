@@ -13,12 +13,16 @@
 //
 // Failures: an append that fails or times out is retried with the same Nats-Msg-Id until
 // JetStream acks it (the message stays unacked meanwhile), so a NATS restart loses nothing and
-// records nothing twice; a retried append can land after later readings of the pipeline, so a
-// NATS failure may reorder a sensor's readings within the in-flight window (each reading still
-// carries its sensor time and receive time). A lost RabbitMQ connection ends the session:
+// records nothing twice; a sensor's later readings wait for the retry (order.go), so it never
+// reorders a sensor's readings while other sensors' readings go on. A lost RabbitMQ connection ends the session:
 // what was not acked is redelivered to the next one, which recognises what had already been
 // appended (identity.go). The bridge reconnects with exponential backoff
 // (Config.ReconnectMin to ReconnectMax) and logs every connect and disconnect.
+//
+// Files, one concept each: config.go, bridge.go (New, Run's reconnect loop), session.go (one
+// RabbitMQ session: connections, queues, the read loop), handle.go (one delivery's effect),
+// order.go (per-sensor order), acker.go (resolve and ack in delivery order), retry.go,
+// identity.go (recognising a redelivery), messageid.go, decode.go, clock.go, metrics.go.
 //
 // Where CONTRACT.md is silent, Decode decides (and its doc says): data is the exact JSON
 // number 0 or 1 in any spelling (1.0 and 1e0 are accepted; "1", true, null, 2 and 0.5 are

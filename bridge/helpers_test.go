@@ -47,7 +47,7 @@ func runChild() int {
 	}
 	js, _ := jetstream.New(nc)
 	b, err := New(Config{AMQPURL: os.Getenv(childAMQPEnv), Queue: os.Getenv(childQueueEnv), Prefetch: 100},
-		Deps{JS: js, Log: log, Registerer: prometheus.NewRegistry()})
+		Deps{JS: js, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -171,7 +171,7 @@ func (e *env) start(t testing.TB, cfg Config) (stop func()) {
 		cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
 	}
 	e.reg = prometheus.NewRegistry()
-	b, err := New(cfg, Deps{JS: e.js, Log: testenv.Logger(t), Registerer: e.reg})
+	b, err := New(cfg, Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}

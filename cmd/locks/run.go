@@ -36,7 +36,8 @@ import (
 	"github.com/lock-sensors/lock-sensors/watchdog"
 )
 
-// allTargets are the parts `locks run` knows, in start order.
+// allTargets are the parts `locks run` knows. Their order is only that of --help: the chosen
+// parts are built in name order and then all run at once (see runParts).
 var allTargets = []string{"bridge", "state", "history", "notifier", "watchdog", "api"}
 
 func allTargetsList() string { return strings.Join(allTargets, ",") }
@@ -69,6 +70,7 @@ func parseRunOptions(targets, partitions string, cfg config.Config) (runOptions,
 			return o, &config.Error{Var: "--targets", Value: targets, Reason: "unknown part " + fmt.Sprintf("%q", t) + "; want all or a comma list of " + allTargetsList()}
 		}
 	}
+	// Sorted to drop repeats and log the same list however it was given; not a start order.
 	slices.Sort(o.targets)
 	o.targets = slices.Compact(o.targets)
 	p, err := partition.Parse(partitions, cfg.Partitions)
@@ -128,7 +130,7 @@ func buildPart(name string, d deps) (runner, error) {
 	switch name {
 	case "bridge":
 		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
-			bridge.Deps{JS: d.js, Log: d.log, Registerer: d.reg})
+			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg})
 	case "notifier":
 		return notifier.New(d.cfg, notifier.Deps{JS: d.js, DB: d.pg, Log: d.log, Reg: d.reg, Partitions: d.partitions})
 	case "state":

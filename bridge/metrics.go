@@ -1,0 +1,60 @@
+package bridge
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	accepted   prometheus.Counter
+	invalid    *prometheus.CounterVec
+	duplicates prometheus.Counter
+	latency    prometheus.Histogram
+	inFlight   prometheus.Gauge
+	connects   prometheus.Counter
+	retries    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (metrics, error) {
+	m := metrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_readings_accepted_total",
+			Help: "Valid readings appended to READINGS (duplicates included) and acked.",
+		}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "locks_bridge_invalid_total",
+			Help: "Invalid messages moved to the invalid queue, by reason.",
+		}, []string{"reason"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_duplicates_total",
+			Help: "Appends JetStream recognised as already recorded (a redelivery or a retry).",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "locks_bridge_publish_seconds",
+			Help:    "Time from the async append to JetStream's ack.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "locks_bridge_in_flight",
+			Help: "Messages received and not yet acked to RabbitMQ.",
+		}),
+		connects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_amqp_connects_total",
+			Help: "Successful RabbitMQ sessions started (the first and every reconnect).",
+		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_publish_retries_total",
+			Help: "Appends retried after a failed or timed-out JetStream publish.",
+		}),
+	}
+	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS} {
+		m.invalid.WithLabelValues(reason)
+	}
+	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.connects, m.retries} {
+		if err := reg.Register(c); err != nil {
+			return m, fmt.Errorf("bridge metrics: %w", err)
+		}
+	}
+	return m, nil
+}

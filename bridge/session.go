@@ -1,0 +1,167 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func (b *Bridge) dial(name string) (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	conn, err := amqp.DialConfig(b.cfg.AMQPURL, amqp.Config{
+		Properties: props,
+		Heartbeat:  10 * time.Second,
+		Dial:       amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial RabbitMQ: %w", err)
+	}
+	return conn, nil
+}
+
+func (b *Bridge) session(ctx context.Context) error {
+	conn, err := b.dial(b.cfg.ConnectionName)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// Publishing to the invalid queue has a connection of its own: RabbitMQ blocks a
+	// publishing connection under a resource alarm, and acks must still flow meanwhile.
+	pubConn, err := b.dial(b.cfg.ConnectionName + "-invalid")
+	if err != nil {
+		return err
+	}
+	defer pubConn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	if err := declareQueue(conn, b.cfg.Queue, nil); err != nil {
+		return err
+	}
+	invalidArgs := amqp.Table{"x-max-length": int64(b.cfg.InvalidMaxLength), "x-overflow": "drop-head"}
+	if err := declareQueue(conn, b.cfg.InvalidQueue, invalidArgs); err != nil {
+		return err
+	}
+	pub, err := pubConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open publishing channel: %w", err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		return fmt.Errorf("publisher confirms: %w", err)
+	}
+	// amqp091-go blocks its reader on a full return channel; at most MaxInFlight (+ the one
+	// the reader holds) invalid publishes are outstanding before the session fails on the
+	// first return, so this never fills.
+	returns := pub.NotifyReturn(make(chan amqp.Return, b.cfg.MaxInFlight+2))
+	deliveries, err := ch.Consume(b.cfg.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
+	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	pubClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	b.m.connects.Inc()
+	b.log.Info("connected to RabbitMQ", "queue", b.cfg.Queue, "prefetch", b.cfg.Prefetch,
+		"connection_name", b.cfg.ConnectionName)
+
+	// The drain context outlives ctx by DrainTimeout, so a stopping bridge still acks what
+	// JetStream has acknowledged instead of leaving it all to redelivery.
+	dctx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelDrain()
+	stopDrain := context.AfterFunc(ctx, func() { time.AfterFunc(b.cfg.DrainTimeout, cancelDrain) })
+	defer stopDrain()
+
+	sess, err := startSession(ctx, b.js, time.Now())
+	if err != nil {
+		return err
+	}
+	pending := make(chan item, b.cfg.MaxInFlight)
+	var (
+		failOnce sync.Once
+		failErr  error
+	)
+	ord := &order{last: map[string]chan struct{}{}, failed: &atomic.Bool{}}
+	fail := func(err error) {
+		failOnce.Do(func() {
+			ord.failed.Store(true)
+			failErr = err
+			_ = conn.Close() // unacked messages go back to the queue
+			_ = pubConn.Close()
+		})
+	}
+	ackerDone := make(chan struct{})
+	go func() {
+		defer close(ackerDone)
+		b.acker(dctx, ch, sess, pending, returns, fail)
+	}()
+
+	var readErr error
+read:
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			break read
+		case e := <-closed:
+			readErr = errors.New("RabbitMQ connection closed")
+			if e != nil {
+				readErr = fmt.Errorf("RabbitMQ connection closed: %w", e)
+			}
+			break read
+		case e := <-pubClosed:
+			readErr = errors.New("RabbitMQ publishing connection closed")
+			if e != nil {
+				readErr = fmt.Errorf("RabbitMQ publishing connection closed: %w", e)
+			}
+			break read
+		case d, ok := <-deliveries:
+			if !ok {
+				readErr = errors.New("RabbitMQ channel closed")
+				break read
+			}
+			if !d.Redelivered {
+				sess.firstFresh.CompareAndSwap(0, d.DeliveryTag)
+			}
+			it := b.handle(ctx, pub, d, ord, sess)
+			b.m.inFlight.Inc()
+			pending <- it // bounded: blocks while MaxInFlight messages await their ack
+		}
+	}
+	close(pending)
+	<-ackerDone
+	if failErr != nil {
+		return failErr
+	}
+	return readErr
+}
+
+// declareQueue declares q durable if it is missing, and takes it as it is if it exists, so
+// that an operator may create it with arguments of their own (a quorum queue, a length
+// limit) without the bridge failing on "inequivalent arg".
+func declareQueue(conn *amqp.Connection, q string, args amqp.Table) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		// The failed passive declare closed the channel.
+		if ch, err = conn.Channel(); err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		_, err = ch.QueueDeclare(q, true, false, false, false, args)
+	}
+	if err != nil {
+		return fmt.Errorf("declare queue %s: %w", q, err)
+	}
+	return ch.Close()
+}
