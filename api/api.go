@@ -10,8 +10,7 @@
 // only read, never written, here); the history calls (readings, events, attempts, sensor
 // statistics) are answered by the history store (ClickHouse) when one is given. A client's
 // dead-lettered deliveries (ListClientDeliveries with state "dead") and their redrive are
-// read and changed in the notifier's delivery table in Postgres (notifier.ListDead,
-// notifier.Redrive), so they are served without ClickHouse.
+// served by the notifier's dead-letter store (DeadLetters, in Postgres), without ClickHouse.
 package api
 
 import (
@@ -78,6 +77,9 @@ type Deps struct {
 	// JS is NATS, where the set-aside log messages are read (SetAsideService); nil means
 	// that call answers UNIMPLEMENTED.
 	JS jetstream.JetStream
+	// DeadLetters lists and redrives dead-lettered deliveries (deliveries.go); nil means
+	// those calls answer UNIMPLEMENTED.
+	DeadLetters DeadLetters
 }
 
 // Server is the admin API.
@@ -99,6 +101,7 @@ type Server struct {
 
 	projections *projector.RebuildRunner // runs ProjectionService's rebuilds (projections.go)
 	js          jetstream.JetStream      // SET_ASIDE is read from it (setaside.go)
+	deadLetters DeadLetters              // dead-lettered deliveries (deliveries.go)
 }
 
 // New builds the API; nothing is listened on until Run (or Serve).
@@ -123,6 +126,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		auth: newAuthenticator(cfg.Tokens), metrics: m,
 		mem: bufconn.Listen(1 << 20),
 	}
+	s.deadLetters = deps.DeadLetters
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
 	}

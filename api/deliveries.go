@@ -2,21 +2,34 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
 	"time"
 
-	"github.com/lock-sensors/lock-sensors/notifier"
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
 // stateDead is the state filter of ListClientDeliveries that lists dead-lettered deliveries.
 const stateDead = "dead"
 
-// The dead-letter list and redrive read and change the notifier's delivery table in
-// Postgres directly (notifier.ListDead and notifier.Redrive), so they are served without the
-// history database. Unlike the history lists they answer NOT_FOUND for an unknown client:
-// they act on what the client has now, not on what is kept of it.
+// DeadLetters is the notifier's dead-letter store, as the API sees it: the deliveries whose
+// every attempt failed, and sending them again. It needs no history database. Unlike the
+// history lists these calls answer NOT_FOUND for an unknown client: they act on what the
+// client has now, not on what is kept of it.
+type DeadLetters interface {
+	// ListDead lists a client's dead deliveries in id order after afterID (0: from the
+	// start), at most limit (1 to 1000).
+	ListDead(ctx context.Context, clientID string, afterID int64, limit int) ([]event.DeadDelivery, error)
+	// Redrive sends again a client's deliveries that died in [from, to) (a zero time leaves
+	// that end open), each with a fresh schedule; it returns how many will be sent.
+	Redrive(ctx context.Context, clientID string, from, to time.Time) (int64, error)
+}
+
+func deadLettersNotServed() error {
+	return fmt.Errorf("%w: dead-lettered deliveries are not served by this process: it was started without the notifier's dead-letter store", ErrUnimplemented)
+}
 
 // listDead pages through a client's dead deliveries by their row id (the token's key).
 func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDeliveriesRequest) (*locksv1.ListClientDeliveriesResponse, error) {
@@ -40,10 +53,13 @@ func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDe
 			return nil, fieldErr("page_token", "not a page token of this list")
 		}
 	}
+	if h.s.deadLetters == nil {
+		return nil, deadLettersNotServed()
+	}
 	if err := h.s.exists(ctx, "client", req.GetClientId()); err != nil {
 		return nil, err
 	}
-	dead, err := notifier.ListDead(ctx, h.s.db, req.GetClientId(), after, n)
+	dead, err := h.s.deadLetters.ListDead(ctx, req.GetClientId(), after, n)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +78,7 @@ func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDe
 	// with the page: a full page looks one row further to know whether another follows.
 	if len(dead) == n {
 		last := dead[n-1].ID
-		more, err := notifier.ListDead(ctx, h.s.db, req.GetClientId(), last, 1)
+		more, err := h.s.deadLetters.ListDead(ctx, req.GetClientId(), last, 1)
 		if err != nil {
 			return nil, err
 		}
@@ -85,10 +101,13 @@ func (h *historyService) RedriveClientDeliveries(ctx context.Context, req *locks
 		return nil, fieldErr("end_time", "must be after start_time (%s), got %s",
 			from.UTC().Format(time.RFC3339Nano), to.UTC().Format(time.RFC3339Nano))
 	}
+	if h.s.deadLetters == nil {
+		return nil, deadLettersNotServed()
+	}
 	if err := h.s.exists(ctx, "client", req.GetClientId()); err != nil {
 		return nil, err
 	}
-	n, err := notifier.Redrive(ctx, h.s.db, req.GetClientId(), from, to)
+	n, err := h.s.deadLetters.Redrive(ctx, req.GetClientId(), from, to)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -229,5 +230,22 @@ func TestDeadDeliveriesGRPC(t *testing.T) {
 	}
 	if st, _ := e.deliveryState(id, "evt_b"); st != "dead" {
 		t.Fatalf("evt_b: %s", st)
+	}
+}
+
+// Without a dead-letter store the API says the dead-letter calls are not served here (501)
+// instead of reaching into the notifier's tables.
+func TestDeadDeliveriesWithoutStore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(_ *Config, d *Deps) { d.DeadLetters = nil })
+	id := fillDeliveries(t, e)
+	base := "/v1/clients/" + id + "/deliveries"
+	r := e.want(e.do("GET", base+"?state=dead", nil), 501)
+	if !strings.Contains(r.str("message"), "dead-letter store") {
+		t.Fatalf("list without a store: %s", r.raw)
+	}
+	e.want(e.do("POST", base+":redrive", map[string]any{}), 501)
+	if st, _ := e.deliveryState(id, "evt_a"); st != "dead" {
+		t.Fatalf("evt_a is %s after a refused redrive, want dead", st)
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/history"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	"github.com/lock-sensors/lock-sensors/notifier"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -80,7 +81,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	_, db := testenv.Postgres(t)
 	cfg := Config{GRPCAddr: "127.0.0.1:0", Tokens: []string{testToken, "second-token-0123456789"}}
 	reg := prometheus.NewRegistry()
-	deps := Deps{DB: db, Logger: testenv.Logger(t), Registerer: reg}
+	deps := Deps{DB: db, Logger: testenv.Logger(t), Registerer: reg, DeadLetters: notifier.NewDeadLetters(db)}
 	for _, o := range opts {
 		o(&cfg, &deps)
 	}

@@ -33,7 +33,7 @@ func BenchmarkDeliveries(b *testing.B) {
 	e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'address ' || i FROM generate_series(1, $1::int) i`, sensors)
 	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT c.id, s.id FROM clients c, sensors s`)
 	e.cfg.WebhookTimeout = 5 * time.Second
-	e.start(Options{})
+	e.start()
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
@@ -93,7 +93,7 @@ func BenchmarkLatency(b *testing.B) {
 			e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'address' FROM generate_series(0, $1::int - 1) i`, clients*perClient)
 			e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT 'c' || (i / $2::int), 's' || i FROM generate_series(0, $1::int - 1) i`,
 				clients*perClient, perClient)
-			e.start(Options{})
+			e.start()
 			b.ResetTimer()
 			for it := 0; it < b.N; it++ {
 				sent := map[string]time.Time{}

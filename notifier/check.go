@@ -26,7 +26,7 @@ func (n *Notifier) checkBatch(ctx context.Context, batch []jetstream.Msg) (evs [
 	}
 	var bad []refused
 	for _, m := range batch {
-		e, err := event.CheckEvent(m.Subject(), m.Data(), n.partitionCount)
+		e, err := event.CheckEvent(m.Subject(), m.Data(), n.cfg.PartitionCount)
 		if err != nil {
 			bad = append(bad, refused{m, err})
 			continue

@@ -164,7 +164,7 @@ func TestNATSRestartWhileRunning(t *testing.T) {
 	e.client("c1", rc.URL)
 	e.sensor("s1", "here")
 	e.subscribe("c1", "s1")
-	e.start(Options{})
+	e.start()
 	e.publish(testEvent("s1", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "first delivery", func() bool { return rc.count() == 1 })
 	e.nats.Restart(300 * time.Millisecond)

@@ -47,7 +47,7 @@
 //   - Several notifier processes share one table: ingest is split by EVENTS partition
 //     (one durable consumer per partition), sending by claims. The per-endpoint limit and
 //     the circuit breaker are per process.
-//   - Isolation: at most Options.PerEndpoint attempts per client in flight per process and
+//   - Isolation: at most Config.PerEndpoint attempts per client in flight per process and
 //     a circuit breaker per client; a client that cannot take an attempt is excluded from
 //     claims, so its backlog waits in Postgres instead of holding slots, and every attempt
 //     is bounded by LOCKS_WEBHOOK_TIMEOUT.
@@ -60,5 +60,5 @@
 // LOCKS_RETRY_SCHEDULE lists the delays before attempts 2, 3, …; Policy.Next is that table
 // and Policy.Delay adds up to 20% jitter (never less than the schedule) and honours a
 // Retry-After of a 429 or 503, up to the longest delay of the schedule. After the last
-// attempt the row is dead; ListDead and Redrive serve the admin API.
+// attempt the row is dead; DeadLetters (ListDead, Redrive) serves the admin API.
 package notifier

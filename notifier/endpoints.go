@@ -29,6 +29,14 @@ type endpoints struct {
 	m  map[string]*endpoint
 }
 
+// Defaults of the per-endpoint limit and circuit breaker (Config).
+const (
+	PerEndpointDefault        = 8
+	BreakerThresholdDefault   = 5
+	BreakerCooldownDefault    = 30 * time.Second
+	BreakerMaxCooldownDefault = 10 * time.Minute
+)
+
 // maxPerEndpoint caps the adaptive limit; fastAttempt is what counts as a quick answer.
 const (
 	maxPerEndpoint = 64

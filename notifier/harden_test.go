@@ -30,7 +30,7 @@ func TestHugeResponseHeadersFailTheAttempt(t *testing.T) {
 	e.client("c1", rc.URL)
 	e.sensor("s1", "a")
 	e.subscribe("c1", "s1")
-	e.start(Options{})
+	e.start()
 	e.publish(testEvent("s1", 1, 1))
 
 	testenv.Eventually(t, 15*time.Second, "a delivered attempt", func() bool {
@@ -73,8 +73,9 @@ func TestWebhookURLSecretsStayOutOfErrorsAndLogs(t *testing.T) {
 	e.sensor("s1", "a")
 	e.subscribe("c1", "s1")
 	log, logs := testenv.CaptureLogger()
-	n, err := New(e.cfg, Deps{JS: e.nats.JS, DB: e.pool, Log: log, Reg: prometheus.NewRegistry(),
-		Options: Options{PollInterval: 100 * time.Millisecond, BreakerThreshold: 2, BreakerCooldown: 100 * time.Millisecond}})
+	cfg := e.cfg
+	cfg.PollInterval, cfg.BreakerThreshold, cfg.BreakerCooldown = 100*time.Millisecond, 2, 100*time.Millisecond
+	n, err := New(cfg, Deps{JS: e.nats.JS, PG: e.pool, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,8 +70,9 @@ func runChild() int {
 	if err != nil {
 		return 1
 	}
-	n, err := New(cfg, Deps{JS: js, DB: pool, Log: log, Reg: prometheus.NewRegistry(),
-		Options: Options{PollInterval: 100 * time.Millisecond}})
+	n, err := New(Config{PartitionCount: cfg.Partitions, RetrySchedule: cfg.RetrySchedule, WebhookTimeout: cfg.WebhookTimeout,
+		WebhookAllowPrivate: cfg.WebhookAllowPrivate, PollInterval: 100 * time.Millisecond},
+		Deps{JS: js, PG: pool, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -89,7 +90,7 @@ type env struct {
 	nats  *testenv.NATSEnv
 	pgURL string
 	pool  *pgxpool.Pool
-	cfg   config.Config
+	cfg   Config
 	reg   *prometheus.Registry
 }
 
@@ -100,25 +101,23 @@ func newEnv(t testing.TB, schedule ...time.Duration) *env {
 		t.Fatal(err)
 	}
 	u, pool := testenv.Postgres(t)
-	cfg := config.Default()
-	cfg.Partitions = testPartitions
-	cfg.RetrySchedule = schedule
-	cfg.WebhookTimeout = 2 * time.Second
-	cfg.WebhookAllowPrivate = true
+	cfg := Config{PartitionCount: testPartitions, RetrySchedule: schedule, WebhookTimeout: 2 * time.Second, WebhookAllowPrivate: true}
 	return &env{t: t, nats: ne, pgURL: u, pool: pool, cfg: cfg}
 }
 
-// start runs a notifier until the end of the test.
-func (e *env) start(opt Options) *Notifier {
+// start runs a notifier of e.cfg until the end of the test, polling and probing sooner
+// than the defaults unless e.cfg says otherwise.
+func (e *env) start() *Notifier {
 	e.t.Helper()
-	if opt.PollInterval == 0 {
-		opt.PollInterval = 100 * time.Millisecond
+	cfg := e.cfg
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 100 * time.Millisecond
 	}
-	if opt.BreakerCooldown == 0 {
-		opt.BreakerCooldown = 200 * time.Millisecond
+	if cfg.BreakerCooldown == 0 {
+		cfg.BreakerCooldown = 200 * time.Millisecond
 	}
 	e.reg = prometheus.NewRegistry()
-	n, err := New(e.cfg, Deps{JS: e.nats.JS, DB: e.pool, Log: testenv.Logger(e.t).With("t", e.t.Name()), Reg: e.reg, Options: opt})
+	n, err := New(cfg, Deps{JS: e.nats.JS, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg})
 	if err != nil {
 		e.t.Fatal(err)
 	}

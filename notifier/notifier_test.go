@@ -33,7 +33,7 @@ func TestRetryThenSuccess(t *testing.T) {
 	secret := e.client("c1", rc.URL)
 	e.sensor("s1", "Moscow, Russia, Svobody st. 23 fl 1 room 16")
 	e.subscribe("c1", "s1")
-	e.start(Options{})
+	e.start()
 	ev := testEvent("s1", 1, 1)
 	e.publish(ev)
 
@@ -166,7 +166,7 @@ func TestRegistryChangesBetweenAttempts(t *testing.T) {
 			e.client("c1", oldRc.URL)
 			e.sensor("s1", "here")
 			e.subscribe("c1", "s1")
-			e.start(Options{})
+			e.start()
 			e.publish(testEvent("s1", 1, 0))
 			testenv.Eventually(t, 10*time.Second, "first attempt", func() bool { return oldRc.count() >= 1 })
 			tc.change(e, newRc.URL)
@@ -199,7 +199,7 @@ func TestSupersedeWhileDown(t *testing.T) {
 	e.client("c1", rc.URL)
 	e.sensor("s1", "here")
 	e.subscribe("c1", "s1")
-	e.start(Options{})
+	e.start()
 	e.publish(testEvent("s1", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "first attempt", func() bool { return rc.count() >= 1 })
 	e.publish(testEvent("s1", 2, 0))
@@ -258,7 +258,7 @@ func TestRotationSignsWithBoth(t *testing.T) {
 			e.exec(`UPDATE clients SET previous_secret = $1, previous_secret_until = now() + $2 * interval '1 second'`, previous, tc.until.Seconds())
 			e.sensor("s1", "here")
 			e.subscribe("c1", "s1")
-			e.start(Options{})
+			e.start()
 			e.publish(testEvent("s1", 1, 1))
 			testenv.Eventually(t, 10*time.Second, "delivery", func() bool { return rc.count() >= 1 })
 			got := verify(t, rc.got()[0], secret, previous)
@@ -286,10 +286,11 @@ func TestDeadAndRedrive(t *testing.T) {
 	e.sensor("s2", "there")
 	e.subscribe("c1", "s1")
 	e.subscribe("c1", "s2")
-	e.start(Options{BreakerThreshold: 100})
+	e.cfg.BreakerThreshold = 100
+	e.start()
 	e.publish(testEvent("s1", 1, 1), testEvent("s2", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "two dead deliveries", func() bool {
-		d, err := ListDead(t.Context(), e.pool, "c1", 0, 10)
+		d, err := NewDeadLetters(e.pool).ListDead(t.Context(), "c1", 0, 10)
 		return err == nil && len(d) == 2
 	})
 	// s2 has a newer event meanwhile (delivered while the receiver is up): its dead revision 1
@@ -297,11 +298,11 @@ func TestDeadAndRedrive(t *testing.T) {
 	up.Store(true)
 	e.publish(testEvent("s2", 2, 0))
 	testenv.Eventually(t, 10*time.Second, "s2 revision 2", func() bool { return rc.count() >= 5 })
-	dead, err := ListDead(t.Context(), e.pool, "c1", 0, 10)
+	dead, err := NewDeadLetters(e.pool).ListDead(t.Context(), "c1", 0, 10)
 	if err != nil || len(dead) != 2 || dead[0].Attempts != 2 || dead[0].LastStatus != http.StatusGone || dead[0].Event.ID == "" {
 		t.Fatalf("dead %+v, err %v", dead, err)
 	}
-	n, err := Redrive(t.Context(), e.pool, "c1", time.Now().Add(-time.Hour), time.Now().Add(time.Minute))
+	n, err := NewDeadLetters(e.pool).Redrive(t.Context(), "c1", time.Now().Add(-time.Hour), time.Now().Add(time.Minute))
 	if err != nil || n != 1 {
 		t.Fatalf("Redrive = %d, %v; want 1 (s1 only)", n, err)
 	}
@@ -322,7 +323,7 @@ func TestDeadAndRedrive(t *testing.T) {
 		}
 		return false
 	})
-	if d, _ := ListDead(t.Context(), e.pool, "c1", 0, 10); len(d) != 0 {
+	if d, _ := NewDeadLetters(e.pool).ListDead(t.Context(), "c1", 0, 10); len(d) != 0 {
 		t.Fatalf("still dead after redrive: %+v", d)
 	}
 }
@@ -341,7 +342,8 @@ func TestHangingReceiverIsolation(t *testing.T) {
 	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT 'hang', 'h' || i FROM generate_series(1, 1000) i`)
 	e.sensor("f1", "fast one")
 	e.subscribe("fast", "f1")
-	e.start(Options{PerEndpoint: 4})
+	e.cfg.PerEndpoint = 4
+	e.start()
 	evs := make([]event.Event, 0, 1000)
 	for i := 1; i <= 1000; i++ {
 		evs = append(evs, testEvent(fmt.Sprintf("h%d", i), 1, 1))
@@ -380,7 +382,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	e.client("c1", rc.URL)
 	e.sensor("s1", "here")
 	e.subscribe("c1", "s1")
-	e.start(Options{})
+	e.start()
 	e.publish(testEvent("s1", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "second attempt", func() bool { return rc.count() >= 2 })
 	hs := rc.got()
@@ -419,9 +421,10 @@ func TestTwoNotifiersShareWork(t *testing.T) {
 	}
 	e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'a' FROM generate_series(1, $1::int) i`, sensors)
 	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT c.id, s.id FROM clients c, sensors s`)
-	e.start(Options{Batch: 8})
+	e.cfg.Batch = 8
+	e.start()
 	e1 := *e
-	e.start(Options{Batch: 8})
+	e.start()
 	for r := int64(1); r <= revisions; r++ {
 		var evs []event.Event
 		for s := 1; s <= sensors; s++ {
@@ -474,7 +477,7 @@ func TestSameEventTwice(t *testing.T) {
 	e.client("c1", rc.URL)
 	e.sensor("s1", "here")
 	e.subscribe("c1", "s1")
-	e.start(Options{})
+	e.start()
 	ev := testEvent("s1", 1, 1)
 	e.publish(ev)
 	b, err := json.Marshal(ev)

@@ -132,7 +132,9 @@ func buildPart(name string, d deps) (runner, error) {
 		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
 			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg})
 	case "notifier":
-		return notifier.New(d.cfg, notifier.Deps{JS: d.js, DB: d.pg, Log: d.log, Reg: d.reg, Partitions: d.partitions})
+		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.partitions, RetrySchedule: d.cfg.RetrySchedule,
+			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
+			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
 		st, err := projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
 			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
@@ -164,7 +166,8 @@ func buildPart(name string, d deps) (runner, error) {
 			return nil, err
 		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
-			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js})
+			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
+				DeadLetters: notifier.NewDeadLetters(d.pg)})
 		if err != nil {
 			return nil, err
 		}

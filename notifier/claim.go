@@ -1,0 +1,159 @@
+package notifier
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// claimed is a delivery leased for one attempt, with the registry read afresh.
+type claimed struct {
+	id          int64
+	token       int64
+	eventID     string
+	clientID    string
+	sensorID    string
+	revision    int64
+	payload     []byte
+	attempts    int
+	attemptBase int
+	// From the registry at claim time; url is empty when the client no longer exists.
+	url        string
+	secrets    Secrets
+	address    string
+	subscribed bool
+}
+
+// claimable is a due, unleased, pending row; unblocked adds that no pending row of a lower
+// revision exists for its (client, sensor) and no other row of the key is in flight: per
+// key, one attempt at a time, in revision order. A healthy receiver thus gets every
+// revision; only rows that already failed are superseded by newer ones (see supersede).
+const (
+	claimable = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now())`
+	// OFFSET 0 keeps this a per-row index probe: as an anti-join the planner would hash the
+	// whole table for every claim.
+	unblocked = `NOT EXISTS (SELECT 1 FROM notifier_deliveries o
+		WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id
+		  AND o.state = 'pending' AND (o.revision < d.revision OR o.lease_until >= now()) OFFSET 0)`
+	eligible = claimable + ` AND ` + unblocked
+)
+
+// capacity says which clients can take how many attempts: busy ones none, those in free
+// the given number, every other one perClient.
+type capacity struct {
+	busy       []string
+	freeClient []string
+	free       []int32
+	perClient  int
+}
+
+// claim leases up to limit eligible rows, within each client's capacity, earliest due
+// first. It looks at the window of the earliest 4×limit due and unblocked rows only (rows
+// waiting for a lower revision of their key are skipped while the window fills), so that a
+// large backlog does not make every claim scan it. It is two statements in one transaction: the
+// first picks candidates and takes a transaction-scoped advisory lock per (client, sensor)
+// (pg_try_advisory_xact_lock: a key another claimer holds is skipped, not waited for — the
+// SKIP LOCKED of keys); the second leases them, re-checking eligibility with a snapshot
+// taken after those locks, so two notifier processes can never both lease one row nor put
+// two revisions of one key in flight (the second would see the first's committed lease).
+// A concurrent writer of the row (ingest superseding it) is waited for and re-checked by
+// the UPDATE itself.
+func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
+	var out []claimed
+	// A nil slice is SQL NULL, and x = ANY(NULL) is never false.
+	busy, fc, fr := c.busy, c.freeClient, c.free
+	if busy == nil {
+		busy = []string{}
+	}
+	if fc == nil {
+		fc, fr = []string{}, []int32{}
+	}
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+			SELECT id FROM (
+				SELECT id, client_id, sensor_id FROM (
+					SELECT d.id, d.client_id, d.sensor_id, d.revision, d.next_at, coalesce(f.free, $2) AS free,
+					       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
+					FROM (SELECT * FROM notifier_deliveries d
+					      WHERE `+claimable+` AND NOT (d.client_id = ANY($1::text[])) AND `+unblocked+`
+					      ORDER BY d.next_at, d.id LIMIT $4) d
+					LEFT JOIN unnest($5::text[], $6::int[]) AS f(client_id, free) ON f.client_id = d.client_id
+				) d
+				WHERE rn <= free
+				ORDER BY next_at, id LIMIT $3
+			) x
+			WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
+			busy, c.perClient, limit, 4*limit, fc, fr)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		rows, err = tx.Query(ctx, `
+			WITH c AS (
+				UPDATE notifier_deliveries d SET lease_until = now() + $2 * interval '1 microsecond', lease_token = $3
+				WHERE d.id = ANY($1::bigint[]) AND `+eligible+`
+				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base
+			)
+			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base,
+			       coalesce(cl.webhook_url, ''), coalesce(cl.signing_secret, ''), coalesce(cl.previous_secret, ''),
+			       coalesce(cl.previous_secret_until, 'epoch'::timestamptz), coalesce(s.address, ''),
+			       sub.client_id IS NOT NULL
+			FROM c
+			LEFT JOIN clients cl ON cl.id = c.client_id
+			LEFT JOIN sensors s ON s.id = c.sensor_id
+			LEFT JOIN subscriptions sub ON sub.client_id = c.client_id AND sub.sensor_id = c.sensor_id`,
+			ids, lease.Microseconds(), token)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			c := claimed{token: token}
+			if err := rows.Scan(&c.id, &c.eventID, &c.clientID, &c.sensorID, &c.revision, &c.payload, &c.attempts,
+				&c.attemptBase, &c.url, &c.secrets.Current, &c.secrets.Previous, &c.secrets.PreviousUntil, &c.address, &c.subscribed); err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
+	}
+	return out, nil
+}
+
+// unlease gives back rows claimed but not attempted (no slot, or shutting down).
+func unlease(ctx context.Context, db DB, cs []claimed) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(cs))
+	tokens := make([]int64, len(cs))
+	for i, c := range cs {
+		ids[i], tokens[i] = c.id, c.token
+	}
+	_, err := db.Exec(ctx, `UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
+		FROM unnest($1::bigint[], $2::bigint[]) AS r(id, token)
+		WHERE d.id = r.id AND d.lease_token = r.token AND d.state = 'pending'`, ids, tokens)
+	if err != nil {
+		return fmt.Errorf("release leases: %w", err)
+	}
+	return nil
+}
+
+// nextDue is how long until the earliest pending row not yet due, or max when none is.
+func nextDue(ctx context.Context, db DB, ceiling time.Duration) time.Duration {
+	var us *int64
+	err := db.QueryRow(ctx, `SELECT (extract(epoch FROM min(next_at) - now()) * 1e6)::bigint
+		FROM notifier_deliveries WHERE state = 'pending' AND next_at > now()`).Scan(&us)
+	if err != nil || us == nil {
+		return ceiling
+	}
+	return min(ceiling, time.Duration(*us)*time.Microsecond)
+}

@@ -1,0 +1,127 @@
+package notifier
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
+)
+
+// Defaults of the dispatcher.
+const (
+	// MaxInFlightDefault is Config.MaxInFlight: concurrent attempts per process.
+	MaxInFlightDefault = 512
+	// PollIntervalDefault is Config.PollInterval.
+	PollIntervalDefault = time.Second
+)
+
+// dispatch claims due deliveries and starts their attempts, within the global and
+// per-endpoint limits, until ctx is done and every attempt it started has ended.
+func (n *Notifier) dispatch(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	busyLoop := false
+	for ctx.Err() == nil {
+		free := n.cfg.MaxInFlight - int(n.inflight.Load())
+		if free <= 0 {
+			select {
+			case <-n.slotFreed:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		if free < n.cfg.MaxInFlight/4 && busyLoop {
+			free = n.gatherSlots(ctx, free)
+		}
+		now := time.Now()
+		cs, err := claim(ctx, n.db, n.ep.capacity(now), min(free, n.cfg.Batch), rand.Int64(), n.lease)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			n.log.Error("claim deliveries", "err", err)
+			retry.Wait(ctx)
+			continue
+		}
+		retry.Reset()
+		started := n.start(ctx, &wg, cs, now)
+		busyLoop = started > 0
+		if started > 0 {
+			continue
+		}
+		wait := nextDue(ctx, n.db, n.cfg.PollInterval)
+		t := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-n.wake:
+		case <-n.slotFreed:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// gatherSlots waits briefly for a quarter of the slots to be free: claiming for one or two
+// free slots at a time would cost a claim per delivery. It returns the free slots.
+func (n *Notifier) gatherSlots(ctx context.Context, free int) int {
+	t := time.NewTimer(2 * time.Millisecond)
+	defer t.Stop()
+	for free < n.cfg.MaxInFlight/4 {
+		select {
+		case <-n.slotFreed:
+			free = n.cfg.MaxInFlight - int(n.inflight.Load())
+			continue
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		break
+	}
+	return free
+}
+
+// start begins the attempts of the claimed rows its endpoints can take, cancels those of
+// deleted or unsubscribed clients, and gives back the rest; it returns how many it handled.
+func (n *Notifier) start(ctx context.Context, wg *sync.WaitGroup, cs []claimed, now time.Time) int {
+	var excess []claimed
+	started := 0
+	for _, c := range cs {
+		if c.url == "" || !c.subscribed {
+			why := "client deleted"
+			if c.url != "" {
+				why = "client unsubscribed from the sensor"
+			}
+			n.results <- result{c: c, state: StateCancelled, errText: why, at: now}
+			started++
+			continue
+		}
+		if !n.ep.acquire(c.clientID, now) {
+			excess = append(excess, c)
+			continue
+		}
+		started++
+		n.inflight.Add(1)
+		wg.Go(func() {
+			r := n.attempt(ctx, c)
+			if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, r.latency, time.Now()) {
+				n.m.breaker.Inc()
+				n.log.Warn("circuit opened for a failing webhook endpoint", "client", c.clientID, "status", r.status, "err", r.errText)
+			} else if r.aborted {
+				n.ep.release(c.clientID, true, 0, time.Now())
+			}
+			n.inflight.Add(-1)
+			poke(n.slotFreed)
+			n.results <- r
+		})
+	}
+	if len(excess) > 0 {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := unlease(uctx, n.db, excess); err != nil {
+			n.log.Warn("release unsent claims (their leases will expire)", "err", err)
+		}
+		cancel()
+	}
+	return started
+}

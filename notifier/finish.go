@@ -1,0 +1,102 @@
+package notifier
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/lock-sensors/lock-sensors/internal/event"
+)
+
+// result is the end of one attempt, to be written by finish.
+type result struct {
+	c       claimed
+	aborted bool          // not an attempt (shutdown): release the lease only
+	state   string        // pending (retry), delivered, dead, cancelled
+	delay   time.Duration // before the next attempt, when state is pending
+	status  int
+	errText string
+	at      time.Time
+	latency time.Duration
+	// retryAfter is the response's Retry-After header, if any.
+	retryAfter string
+}
+
+// finish writes the outcomes of attempts in one transaction, with their attempt records in
+// the outbox. A row whose lease was lost (another process took it over after expiry) is left
+// alone. A failed attempt of a row that now has a newer revision is superseded instead of
+// retried. It returns the records written.
+func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
+	var (
+		ids, tokens, delays []int64
+		states, errs        []string
+		statuses            []int32
+		counted             []bool
+	)
+	// Rows in id order, so that two finishing batches lock them in the same order.
+	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
+	byID := map[int64]result{}
+	for _, r := range rs {
+		byID[r.c.id] = r
+		ids, tokens = append(ids, r.c.id), append(tokens, r.c.token)
+		states, delays = append(states, r.state), append(delays, r.delay.Microseconds())
+		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
+		counted = append(counted, !r.aborted)
+	}
+	var recs []event.Attempt
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		recs = recs[:0]
+		// Locked in id order before the update (see supersede).
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM notifier_deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE`, ids); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			UPDATE notifier_deliveries d SET
+				state = CASE WHEN (NOT r.counted OR r.state = 'pending') AND d.supersede_on_finish THEN 'superseded'
+				             WHEN NOT r.counted THEN d.state
+				             WHEN r.state = 'pending' AND `+newerExists+` THEN 'superseded'
+				             ELSE r.state END,
+				attempts = d.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,
+				next_at = CASE WHEN r.counted AND r.state = 'pending' THEN now() + r.delay * interval '1 microsecond' ELSE d.next_at END,
+				last_status = CASE WHEN r.counted THEN nullif(r.status, 0) ELSE d.last_status END,
+				last_error = CASE WHEN r.counted THEN nullif(r.err, '') ELSE d.last_error END,
+				lease_until = NULL, lease_token = NULL, updated_at = now()
+			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[])
+			     AS r(id, token, state, delay, status, err, counted)
+			WHERE d.id = r.id AND d.lease_token = r.token AND d.state = 'pending'
+			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted)
+		if err != nil {
+			return err
+		}
+		type fin struct {
+			id       int64
+			state    string
+			attempts int
+		}
+		fins, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (fin, error) {
+			var f fin
+			err := r.Scan(&f.id, &f.state, &f.attempts)
+			return f, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, f := range fins {
+			r := byID[f.id]
+			if r.aborted {
+				continue
+			}
+			recs = append(recs, event.Attempt{V: event.Version, EventID: r.c.eventID, ClientID: r.c.clientID,
+				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
+				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
+		}
+		return writeOutbox(ctx, tx, recs)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("finish attempts: %w", err)
+	}
+	return recs, nil
+}

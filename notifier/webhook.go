@@ -1,0 +1,66 @@
+package notifier
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+)
+
+// The webhook of CONTRACT.md section 2: a JSON body (Body) and the Standard Webhooks
+// headers (Headers), signed by sign.go and posted by sender.go.
+
+// webhookBody is the JSON body, fields in the documented order.
+type webhookBody struct {
+	ID           string        `json:"id"`
+	Type         string        `json:"type"`
+	OccurredAt   string        `json:"occurred_at"`
+	Sensor       webhookSensor `json:"sensor"`
+	Data         uint8         `json:"data"`
+	PreviousData *uint8        `json:"previous_data"`
+	Revision     int64         `json:"revision"`
+}
+
+type webhookSensor struct {
+	ID      string `json:"id"`
+	Address string `json:"address"`
+}
+
+// Body is the webhook body of e for a sensor at address.
+func Body(e event.Event, address string) ([]byte, error) {
+	return json.Marshal(webhookBody{
+		ID: e.ID, Type: "sensor." + e.Type,
+		OccurredAt: e.OccurredAt.UTC().Format("2006-01-02T15:04:05.000Z07:00"),
+		Sensor:     webhookSensor{ID: e.SensorID, Address: address},
+		Data:       e.Data, PreviousData: e.PreviousData, Revision: e.Revision,
+	})
+}
+
+// Secrets are a client's signing secrets as read at claim time: during a rotation the
+// previous one also signs, until PreviousUntil.
+type Secrets struct {
+	Current       string
+	Previous      string
+	PreviousUntil time.Time
+}
+
+// Headers are the headers of one attempt, made at now, of the webhook id with body:
+// webhook-id (the same on every attempt), webhook-timestamp (this attempt's unix seconds)
+// and webhook-signature.
+func Headers(s Secrets, id string, now time.Time, body []byte) (http.Header, error) {
+	ts := now.Unix()
+	sig, err := Signature(s.Current, s.Previous, s.PreviousUntil, now, id, ts, body)
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("User-Agent", "lock-sensors-webhooks/1")
+	// Set as written: the spec's names are lower case, and Set would canonicalise them.
+	h["webhook-id"] = []string{id}
+	h["webhook-timestamp"] = []string{strconv.FormatInt(ts, 10)}
+	h["webhook-signature"] = []string{sig}
+	return h, nil
+}
