@@ -86,10 +86,9 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 		exec(`INSERT INTO sensors (id, address) VALUES ($1, 'somewhere')`, id)
 		exec(`INSERT INTO subscriptions (client_id, sensor_id) VALUES ('cl_rebuild', $1)`, id)
 	}
-	cfg := config.Default()
-	cfg.Partitions, cfg.WebhookTimeout, cfg.WebhookAllowPrivate = e.n, 2*time.Second, true
-	nt, err := notifier.New(cfg, notifier.Deps{JS: e.nats.JS, DB: e.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry(),
-		Options: notifier.Options{PollInterval: 50 * time.Millisecond}})
+	nt, err := notifier.New(notifier.Config{PartitionCount: e.n, RetrySchedule: config.DefaultRetrySchedule, WebhookTimeout: 2 * time.Second,
+		WebhookAllowPrivate: true, PollInterval: 50 * time.Millisecond},
+		notifier.Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
