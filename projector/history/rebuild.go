@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
@@ -227,10 +228,8 @@ func (r *Rebuild) copyToEnd(ctx context.Context, c *copier, table string) error 
 			if cinfo.NumPending == 0 {
 				break // the messages up to target are gone (deleted)
 			}
-			select {
-			case <-ctx.Done():
+			if !backoff.Sleep(ctx, 20*time.Millisecond) {
 				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
 			}
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
@@ -170,7 +171,7 @@ func (s *sink) flush(ctx context.Context, b []item) {
 	}
 	if len(rows) > 0 {
 		cols := s.table.columns(rows)
-		delay := cfg.BackoffMin
+		retry := backoff.Policy{Min: cfg.BackoffMin, Max: cfg.BackoffMax}
 		lastTouch := time.Now()
 		for attempt := 1; ; attempt++ {
 			start := time.Now()
@@ -193,15 +194,12 @@ func (s *sink) flush(ctx context.Context, b []item) {
 				lvl = slog.LevelError
 			}
 			s.h.log.Log(ctx, lvl, "history: ClickHouse insert failed; holding the batch and retrying",
-				"table", s.table.name, "rows", len(rows), "attempt", attempt, "retry_in", delay, "err", err)
-			t := time.NewTimer(delay/2 + rand.N(delay/2+1))
-			select {
-			case <-ctx.Done():
-				t.Stop()
+				"table", s.table.name, "rows", len(rows), "attempt", attempt, "retry_in", retry.Next(attempt), "err", err)
+			// Jittered, so that the tables' writers do not retry in step.
+			delay := retry.Next(attempt)
+			if !backoff.Sleep(ctx, delay/2+rand.N(delay/2+1)) {
 				return
-			case <-t.C:
 			}
-			delay = min(2*delay, cfg.BackoffMax)
 			if v := s.inflight.Load(); v != 0 {
 				s.h.m.lag.WithLabelValues(s.table.name).Set(time.Since(time.Unix(0, v)).Seconds())
 			}

@@ -8,10 +8,17 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bounds of the delay between retries of a partition (and of its relay) after a failure.
+const (
+	retryMin = 100 * time.Millisecond
+	retryMax = 3 * time.Second
 )
 
 func consumerName(p int) string { return "state-p" + strconv.Itoa(p) }
@@ -31,15 +38,9 @@ type partitionWorker struct {
 
 func (s *Projector) runPartition(ctx context.Context, p int) error {
 	w := &partitionWorker{s: s, p: p, log: s.log.With("partition", p), cache: newRowCache(s.cfg.CacheSensors)}
-	var fails int
-	backoff := func() {
-		fails++
-		d := min(time.Duration(fails)*100*time.Millisecond, 3*time.Second)
-		select {
-		case <-ctx.Done():
-		case <-time.After(d):
-		}
-	}
+	// Transient failures (a database or NATS away) are retried without end, waiting longer
+	// each time up to retryMax.
+	retry := backoff.New(retryMin, retryMax)
 	for ctx.Err() == nil {
 		if w.cons == nil {
 			if err := w.reset(ctx); err != nil {
@@ -52,7 +53,7 @@ func (s *Projector) runPartition(ctx context.Context, p int) error {
 				case ctx.Err() == nil:
 					w.log.Warn("recreate READINGS consumer", "err", err)
 				}
-				backoff()
+				retry.Wait(ctx)
 				continue
 			}
 			s.refused.clear(p)
@@ -62,7 +63,7 @@ func (s *Projector) runPartition(ctx context.Context, p int) error {
 			if ctx.Err() == nil {
 				w.log.Warn("fetch from READINGS", "err", err)
 				w.cons = nil
-				backoff()
+				retry.Wait(ctx)
 			}
 			continue
 		}
@@ -92,11 +93,11 @@ func (s *Projector) runPartition(ctx context.Context, p int) error {
 			if err != nil {
 				w.log.Warn("apply batch", "err", err, "messages", len(good))
 				w.cons = nil
-				backoff()
+				retry.Wait(ctx)
 				continue
 			}
 		}
-		fails = 0
+		retry.Reset()
 		if gap {
 			w.cons = nil
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -74,7 +75,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 func (r *Relay) runPartition(ctx context.Context, p int) {
 	log := r.log.With("partition", p)
-	fails := 0
+	retry := backoff.New(retryMin, retryMax)
 	// Until a round has gone through cleanly, rows may be left over from a crash or a
 	// failed publish: they are checked against EVENTS first (see once).
 	suspect := true
@@ -85,15 +86,11 @@ func (r *Relay) runPartition(ctx context.Context, p int) {
 			if ctx.Err() != nil {
 				return
 			}
-			fails++
 			log.Warn("relay outbox to EVENTS", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(min(time.Duration(fails)*100*time.Millisecond, 3*time.Second)):
-			}
+			retry.Wait(ctx)
 			continue
 		}
-		fails = 0
+		retry.Reset()
 		if n == r.cfg.RelayBatch {
 			continue // more is waiting
 		}
