@@ -3,14 +3,14 @@ package state
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // decodeBatch parses and checks msgs. A message that can never be applied (forged or
@@ -37,9 +37,42 @@ func (s *Projector) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg
 	return out, nil
 }
 
-// applyBatch applies msgs of partition p in one transaction: lock the checkpoint, skip what
-// is at or below it, update sensor_state, write the outbox, advance the checkpoint. cache
-// may be nil.
+// batch is one batch of a partition inside its transaction: what the steps of applyBatch
+// read and write.
+type batch struct {
+	tx    pgx.Tx
+	p     int
+	cache *rowCache
+	// ids are the batch's sensors in first-seen order; missing those not in the cache.
+	ids, missing []string
+	cp           uint64          // the checkpoint, locked
+	rows         map[string]row  // the batch's sensors' rows, as loaded and then stepped
+	exists       map[string]bool // rows loaded: updated in place; the others are inserted
+	dirty        map[string]bool // rows step wrote
+	evs          []event.Event
+	applied      int
+	skipped      int
+}
+
+func newBatch(tx pgx.Tx, p int, items []item, cache *rowCache) *batch {
+	b := &batch{tx: tx, p: p, cache: cache}
+	seen := make(map[string]bool, len(items))
+	for _, it := range items {
+		if !seen[it.log.SensorID] {
+			seen[it.log.SensorID] = true
+			b.ids = append(b.ids, it.log.SensorID)
+			if _, ok := cache.rows[it.log.SensorID]; !ok {
+				b.missing = append(b.missing, it.log.SensorID)
+			}
+		}
+	}
+	return b
+}
+
+// applyBatch applies msgs of partition p in one transaction, in named steps: lock the
+// checkpoint and load the rows (one round trip), skip what is at or below the checkpoint,
+// step the rest, then write the rows, the outbox and the advanced checkpoint (one more).
+// cache may be nil.
 func (s *Projector) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cache *rowCache) error {
 	items, err := s.decodeBatch(ctx, p, msgs)
 	if err != nil {
@@ -56,196 +89,218 @@ func (s *Projector) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg,
 	if len(cache.rows) > cache.max {
 		cache.clear()
 	}
-	var ids, missing []string
-	seen := make(map[string]bool, len(items))
-	for _, it := range items {
-		if !seen[it.log.SensorID] {
-			seen[it.log.SensorID] = true
-			ids = append(ids, it.log.SensorID)
-			if _, ok := cache.rows[it.log.SensorID]; !ok {
-				missing = append(missing, it.log.SensorID)
-			}
-		}
-	}
 	start := time.Now()
-	var applied, skipped int
-	var evs []event.Event
-	var state map[string]row
+	var b *batch
 	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
-		applied, skipped, evs = 0, 0, evs[:0]
-		state = make(map[string]row, len(ids))
-		b := &pgx.Batch{}
-		b.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, p)
-		b.Queue(`SELECT seq, coalesce(stream, '') FROM checkpoints WHERE projection = $1 AND partition = $2 FOR UPDATE`, Name, p)
-		// After the checkpoint lock, which a rebuild's swap holds while renaming the tables;
-		// read from the catalog (not a regclass constant) so that no cached plan keeps it.
-		b.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
-		b.Queue(selectRows, missing)
-		br := tx.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return fmt.Errorf("insert checkpoint: %w", err)
+		b = newBatch(tx, p, items, cache)
+		if err := b.lockAndLoad(ctx); err != nil {
+			return err
 		}
-		var cp64 int64
-		var cpStream string
-		if err := br.QueryRow().Scan(&cp64, &cpStream); err != nil {
-			br.Close()
-			return fmt.Errorf("lock checkpoint: %w", err)
-		}
-		cp := uint64(cp64)
-		if cp > 0 && cpStream != "" && cache.stream != "" && cpStream != cache.stream {
-			// Rebased or written by a process on another stream since this consumer was
-			// created: deciding by this sequence would skip or repeat readings.
-			br.Close()
-			return &CheckpointMismatchError{Projection: Name, Partition: p, Seq: cp, Stream: cpStream, Current: cache.stream}
-		}
-		var table uint32
-		if err := br.QueryRow().Scan(&table); err != nil {
-			br.Close()
-			return fmt.Errorf("look up sensor_state: %w", err)
-		}
-		if table != cache.table {
-			cache.clear()
-			cache.table = table
-		}
-		rows, err := br.Query()
-		if err == nil {
-			err = scanRows(rows, state)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("load sensor_state: %w", err)
-		}
-		if cp == cache.cp {
-			for _, id := range ids {
-				if r, ok := cache.rows[id]; ok {
-					state[id] = r
-				}
-			}
-		} else {
-			// Not the checkpoint this process left: its cached rows may be stale.
-			cache.clear()
-			if len(missing) < len(ids) {
-				rows, err := tx.Query(ctx, selectRows, ids)
-				if err == nil {
-					err = scanRows(rows, state)
-				}
-				if err != nil {
-					return fmt.Errorf("reload sensor_state: %w", err)
-				}
-			}
-		}
-		// Loaded rows are known to exist: new sensors are inserted, known ones updated.
-		exists := make(map[string]bool, len(state))
-		for id := range state {
-			exists[id] = true
-		}
-		if lastSeq <= cp {
-			skipped = len(msgs)
+		if lastSeq <= b.cp {
+			b.skipped = len(msgs)
 			return nil
 		}
-
-		dirty := make(map[string]bool, len(ids))
-		for _, it := range items {
-			if it.seq <= cp {
-				skipped++
-				continue
-			}
-			applied++
-			cur, ok := state[it.log.SensorID]
-			var touched bool
-			cur, touched, evs = step(cur, ok, it.log, p, it.seq, evs)
-			if touched {
-				state[it.log.SensorID] = cur
-				dirty[it.log.SensorID] = true
-			}
-		}
-
+		b.stepAll(items)
 		w := &pgx.Batch{}
-		var upd, ins columns
-		for _, id := range ids {
-			if !dirty[id] {
-				continue
-			}
-			if exists[id] {
-				upd.add(id, p, state[id])
-			} else {
-				ins.add(id, p, state[id])
-			}
+		updated := b.queueRows(w)
+		if err := b.queueOutbox(w); err != nil {
+			return err
 		}
-		queueRows(w, "sensor_state", &upd, &ins)
-		if len(evs) > 0 {
-			eid := make([]string, len(evs))
-			sid := make([]string, len(evs))
-			rev := make([]int64, len(evs))
-			payload := make([][]byte, len(evs))
-			for i, e := range evs {
-				b, err := json.Marshal(e)
-				if err != nil {
-					return fmt.Errorf("encode event: %w", err)
-				}
-				eid[i], sid[i], rev[i], payload[i] = e.ID, e.SensorID, e.Revision, b
-			}
-			// The outbox id orders the relay: rows are inserted in event order.
-			w.Queue(`INSERT INTO outbox (event_id, partition, sensor_id, revision, payload)
-				SELECT e, $2, s, r, b FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bytea[]) WITH ORDINALITY AS t(e, s, r, b, o)
-				ORDER BY o`, eid, p, sid, rev, payload)
-		}
-		w.Queue(`UPDATE checkpoints SET seq = $3, stream = coalesce(nullif($4, ''), stream), updated_at = now() WHERE projection = $1 AND partition = $2`,
-			Name, p, int64(lastSeq), cache.stream)
-		br = tx.SendBatch(ctx, w)
-		if len(upd.id) > 0 {
-			tag, err := br.Exec()
-			if err == nil && tag.RowsAffected() != int64(len(upd.id)) {
-				err = fmt.Errorf("updated %d sensor_state rows, want %d: rows vanished under the projector", tag.RowsAffected(), len(upd.id))
-			}
-			if err != nil {
-				br.Close()
-				return fmt.Errorf("update sensor_state: %w", err)
-			}
-		}
-		if err := br.Close(); err != nil {
-			return fmt.Errorf("write sensor_state, outbox and checkpoint: %w", err)
-		}
-		return nil
+		b.queueCheckpoint(w, lastSeq)
+		return b.send(ctx, w, updated)
 	})
 	if err != nil {
 		cache.clear()
 		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
 	}
-	for id, r := range state {
+	for id, r := range b.rows {
 		cache.rows[id] = r
 	}
 	cache.cp = max(lastSeq, cache.cp)
-	if skipped == len(msgs) {
+	if b.skipped == len(msgs) {
 		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
 		cache.clear()
 	}
 	s.m.commit.Observe(time.Since(start).Seconds())
 	s.m.batch.Observe(float64(len(msgs)))
-	s.m.applied.Add(float64(applied))
-	if skipped > 0 {
-		s.m.skipped.WithLabelValues("already_applied").Add(float64(skipped))
+	s.m.applied.Add(float64(b.applied))
+	if b.skipped > 0 {
+		s.m.skipped.WithLabelValues("already_applied").Add(float64(b.skipped))
 	}
-	for _, e := range evs {
+	for _, e := range b.evs {
 		s.m.events.WithLabelValues(e.Type).Inc()
 	}
 	return nil
 }
 
-// checkpoint returns partition p's checkpoint and the stream it names ("" when unknown).
-func (s *Projector) checkpoint(ctx context.Context, p int) (uint64, string, error) {
-	var seq int64
-	var stream string
-	err := s.pg.QueryRow(ctx, `SELECT seq, coalesce(stream, '') FROM checkpoints WHERE projection = $1 AND partition = $2`,
-		Name, p).Scan(&seq, &stream)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, "", nil
+// lockAndLoad locks the partition's checkpoint (creating its row), checks that it belongs to
+// the consumer's stream, and loads the rows of the batch's sensors: from the cache when the
+// checkpoint is the one this process left, from sensor_state otherwise.
+func (b *batch) lockAndLoad(ctx context.Context) error {
+	q := &pgx.Batch{}
+	q.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, b.p)
+	q.Queue(lockCheckpoint, Name, b.p)
+	// After the checkpoint lock, which a rebuild's swap holds while renaming the tables;
+	// read from the catalog (not a regclass constant) so that no cached plan keeps it.
+	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
+	q.Queue(selectRows, b.missing)
+	br := b.tx.SendBatch(ctx, q)
+	err := b.lockCheckpoint(br)
+	if err == nil {
+		b.rows = make(map[string]row, len(b.ids))
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = scanRows(rows, b.rows)
+		}
+		if err != nil {
+			err = fmt.Errorf("load sensor_state: %w", err)
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("load sensor_state: %w", cerr)
 	}
 	if err != nil {
-		return 0, "", fmt.Errorf("read checkpoint of partition %d: %w", p, err)
+		return err
 	}
-	return uint64(seq), stream, nil
+	return b.loadRows(ctx)
+}
+
+// lockCheckpoint reads the locked checkpoint and sensor_state's identity from br.
+func (b *batch) lockCheckpoint(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("insert checkpoint: %w", err)
+	}
+	cp, err := scanCheckpoint(br.QueryRow())
+	if err != nil {
+		return fmt.Errorf("lock checkpoint: %w", err)
+	}
+	b.cp = cp.seq
+	if cp.seq > 0 && cp.stream != "" && b.cache.stream != "" && cp.stream != b.cache.stream {
+		// Rebased or written by a process on another stream since this consumer was
+		// created: deciding by this sequence would skip or repeat readings.
+		return &CheckpointMismatchError{Projection: Name, Partition: b.p, Seq: cp.seq, Stream: cp.stream, Current: b.cache.stream}
+	}
+	var table uint32
+	if err := br.QueryRow().Scan(&table); err != nil {
+		return fmt.Errorf("look up sensor_state: %w", err)
+	}
+	if table != b.cache.table {
+		b.cache.clear()
+		b.cache.table = table
+	}
+	return nil
+}
+
+// loadRows completes b.rows (the missing ones are loaded) from the cache, or, when the
+// checkpoint is not the one this process left (its cached rows may be stale), from
+// sensor_state.
+func (b *batch) loadRows(ctx context.Context) error {
+	if b.cp == b.cache.cp {
+		for _, id := range b.ids {
+			if r, ok := b.cache.rows[id]; ok {
+				b.rows[id] = r
+			}
+		}
+	} else {
+		b.cache.clear()
+		if len(b.missing) < len(b.ids) {
+			rows, err := b.tx.Query(ctx, selectRows, b.ids)
+			if err == nil {
+				err = scanRows(rows, b.rows)
+			}
+			if err != nil {
+				return fmt.Errorf("reload sensor_state: %w", err)
+			}
+		}
+	}
+	b.exists = make(map[string]bool, len(b.rows))
+	for id := range b.rows {
+		b.exists[id] = true
+	}
+	return nil
+}
+
+// stepAll applies the items above the checkpoint to the rows, in order.
+func (b *batch) stepAll(items []item) {
+	b.dirty = make(map[string]bool, len(b.ids))
+	for _, it := range items {
+		if it.seq <= b.cp {
+			b.skipped++
+			continue
+		}
+		b.applied++
+		cur, ok := b.rows[it.log.SensorID]
+		var touched bool
+		cur, touched, b.evs = step(cur, ok, it.log, b.p, it.seq, b.evs)
+		if touched {
+			b.rows[it.log.SensorID] = cur
+			b.dirty[it.log.SensorID] = true
+		}
+	}
+}
+
+// queueRows queues the writes of the rows step touched and returns how many are updates.
+func (b *batch) queueRows(w *pgx.Batch) int {
+	var upd, ins columns
+	for _, id := range b.ids {
+		if !b.dirty[id] {
+			continue
+		}
+		if b.exists[id] {
+			upd.add(id, b.p, b.rows[id])
+		} else {
+			ins.add(id, b.p, b.rows[id])
+		}
+	}
+	queueRows(w, "sensor_state", &upd, &ins)
+	return len(upd.id)
+}
+
+// queueOutbox queues the outbox rows of the events step derived; the outbox id orders the
+// relay, so rows are inserted in event order.
+func (b *batch) queueOutbox(w *pgx.Batch) error {
+	if len(b.evs) == 0 {
+		return nil
+	}
+	eid := make([]string, len(b.evs))
+	sid := make([]string, len(b.evs))
+	rev := make([]int64, len(b.evs))
+	payload := make([][]byte, len(b.evs))
+	for i, e := range b.evs {
+		raw, err := json.Marshal(e)
+		if err != nil {
+			return fmt.Errorf("encode event: %w", err)
+		}
+		eid[i], sid[i], rev[i], payload[i] = e.ID, e.SensorID, e.Revision, raw
+	}
+	w.Queue(`INSERT INTO outbox (event_id, partition, sensor_id, revision, payload)
+		SELECT e, $2, s, r, b FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bytea[]) WITH ORDINALITY AS t(e, s, r, b, o)
+		ORDER BY o`, eid, b.p, sid, rev, payload)
+	return nil
+}
+
+// queueCheckpoint queues the checkpoint's advance to lastSeq, naming the consumer's stream.
+func (b *batch) queueCheckpoint(w *pgx.Batch, lastSeq uint64) {
+	w.Queue(`UPDATE checkpoints SET seq = $3, stream = coalesce(nullif($4, ''), stream), updated_at = now() WHERE projection = $1 AND partition = $2`,
+		Name, b.p, int64(lastSeq), b.cache.stream)
+}
+
+// send runs w; its first statement is the UPDATE of the updated rows when there are any,
+// and each of them must still be there.
+func (b *batch) send(ctx context.Context, w *pgx.Batch, updated int) error {
+	br := b.tx.SendBatch(ctx, w)
+	if updated > 0 {
+		tag, err := br.Exec()
+		if err == nil && tag.RowsAffected() != int64(updated) {
+			err = fmt.Errorf("updated %d sensor_state rows, want %d: rows vanished under the projector", tag.RowsAffected(), updated)
+		}
+		if err != nil {
+			br.Close()
+			return fmt.Errorf("update sensor_state: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("write sensor_state, outbox and checkpoint: %w", err)
+	}
+	return nil
 }

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -103,44 +103,21 @@ func checkCheckpoint(projection string, p int, seq uint64, stream string, pos st
 	return &CheckpointMismatchError{Projection: projection, Partition: p, Seq: seq, Stream: stream, Current: pos.id, LastSeq: pos.lastSeq}
 }
 
-// checkpointRow is a checkpoint with the stream it names.
-type checkpointRow struct {
-	seq    uint64
-	stream string
-}
-
-type querier interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}
-
 // mismatchedCheckpoints returns the checkpoints of projection that do not belong to the
 // stream at pos, in partition order, locking every checkpoint row of the projection when
 // lock is set.
 func mismatchedCheckpoints(ctx context.Context, q querier, projection string, pos streamPosition, lock bool) ([]*CheckpointMismatchError, error) {
-	sql := `SELECT partition, seq, coalesce(stream, '') FROM checkpoints WHERE projection = $1 ORDER BY partition`
-	if lock {
-		sql += ` FOR UPDATE`
-	}
-	rows, err := q.Query(ctx, sql, projection)
+	cps, err := readCheckpoints(ctx, q, projection, lock)
 	if err != nil {
-		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
+		return nil, err
 	}
-	defer rows.Close()
+	parts := slices.Sorted(maps.Keys(cps))
 	var out []*CheckpointMismatchError
-	for rows.Next() {
-		var p int
-		var seq int64
-		var stream string
-		if err := rows.Scan(&p, &seq, &stream); err != nil {
-			return nil, fmt.Errorf("scan %s checkpoint: %w", projection, err)
-		}
+	for _, p := range parts {
 		var mm *CheckpointMismatchError
-		if errors.As(checkCheckpoint(projection, p, uint64(seq), stream, pos), &mm) {
+		if errors.As(checkCheckpoint(projection, p, cps[p].seq, cps[p].stream, pos), &mm) {
 			out = append(out, mm)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
 	}
 	return out, nil
 }
@@ -218,34 +195,4 @@ func (r *refusals) Ready(context.Context) error {
 	// Public: it names a projection, partitions and sequences, no host or credential, and an
 	// operator looking at /readyz needs the way out.
 	return ops.Public(fmt.Errorf("%s projection refuses partition(s) %s: %v; %s", r.projection, strings.Join(names, ","), first, first.WayOut()))
-}
-
-// readCheckpoints reads projection's checkpoints by partition, locking their rows when lock
-// is set (in partition order).
-func readCheckpoints(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, projection string, lock bool) (map[int]uint64, error) {
-	sql := `SELECT partition, seq FROM checkpoints WHERE projection = $1 ORDER BY partition`
-	if lock {
-		sql += ` FOR UPDATE`
-	}
-	rows, err := q.Query(ctx, sql, projection)
-	if err != nil {
-		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
-	}
-	out := map[int]uint64{}
-	for rows.Next() {
-		var p int
-		var seq int64
-		if err := rows.Scan(&p, &seq); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("scan %s checkpoint: %w", projection, err)
-		}
-		out[p] = uint64(seq)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read %s checkpoints: %w", projection, err)
-	}
-	return out, nil
 }

@@ -108,7 +108,8 @@ func (s *Projector) runPartition(ctx context.Context, p int) error {
 // reset recreates the partition's durable consumer to start right after the checkpoint,
 // once the checkpoint is known to belong to READINGS (a *CheckpointMismatchError otherwise).
 func (w *partitionWorker) reset(ctx context.Context) error {
-	cp, stream, err := w.s.checkpoint(ctx, w.p)
+	ck, err := readCheckpoint(ctx, w.s.pg, Name, w.p)
+	cp := ck.seq
 	if err != nil {
 		return err
 	}
@@ -116,7 +117,7 @@ func (w *partitionWorker) reset(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := checkCheckpoint(Name, w.p, cp, stream, pos); err != nil {
+	if err := checkCheckpoint(Name, w.p, cp, ck.stream, pos); err != nil {
 		return err
 	}
 	// The batches' transactions hold the checkpoint to this stream.

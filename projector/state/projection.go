@@ -48,8 +48,8 @@ func (p Projection) Infos(ctx context.Context, readings jetstream.Stream, partit
 		}
 		info := rebuild.Info{Name: name}
 		for pt := range partitionCount {
-			part := rebuild.PartitionInfo{Partition: pt, Checkpoint: cps[pt]}
-			if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, cps[pt]); err != nil {
+			part := rebuild.PartitionInfo{Partition: pt, Checkpoint: cps[pt].seq}
+			if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, cps[pt].seq); err != nil {
 				return nil, err
 			}
 			info.Partitions = append(info.Partitions, part)

@@ -34,12 +34,11 @@ type shadowWorker struct {
 // the partition right after it (and one on its EVENTS, for the checks).
 func (w *shadowWorker) open(ctx context.Context) error {
 	r := w.r
-	var cp int64
-	err := r.pg.QueryRow(ctx, `SELECT seq FROM checkpoints WHERE projection = $1 AND partition = $2`, ShadowName, w.p).Scan(&cp)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("rebuild checkpoint of partition %d: %w", w.p, err)
+	cp, err := readCheckpoint(ctx, r.pg, ShadowName, w.p)
+	if err != nil {
+		return err
 	}
-	w.cp, w.pos = uint64(cp), uint64(cp)
+	w.cp, w.pos = cp.seq, cp.seq
 	rows, err := r.pg.Query(ctx, `SELECT sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq
 		FROM `+ShadowTable+` WHERE partition = $1`, w.p)
 	if err != nil {
@@ -80,7 +79,7 @@ func (w *shadowWorker) follow(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		target := live[w.p]
+		target := live[w.p].seq
 		if target < w.cp {
 			return fmt.Errorf("partition %d: the shadow (seq %d) is ahead of the live projection (seq %d): was the live checkpoint reset?", w.p, w.cp, target)
 		}

@@ -38,7 +38,7 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 		}
 		inTx := func(_ context.Context, f func(pgx.Tx) error) error { return f(tx) }
 		for _, w := range workers {
-			if err := w.applyUpTo(ctx, live[w.p], inTx); err != nil {
+			if err := w.applyUpTo(ctx, live[w.p].seq, inTx); err != nil {
 				return fmt.Errorf("tail of partition %d: %w", w.p, err)
 			}
 		}
