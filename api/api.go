@@ -30,7 +30,6 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/lock-sensors/lock-sensors/projector"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -73,7 +72,7 @@ type Deps struct {
 	History History
 	// Projections lists the projections and runs the rebuilds started through the API
 	// (ProjectionService); nil means those calls answer UNIMPLEMENTED.
-	Projections *projector.RebuildRunner
+	Projections Projections
 	// JS is NATS, where the set-aside log messages are read (SetAsideService); nil means
 	// that call answers UNIMPLEMENTED.
 	JS jetstream.JetStream
@@ -99,9 +98,9 @@ type Server struct {
 
 	serveOnce sync.Once
 
-	projections *projector.RebuildRunner // runs ProjectionService's rebuilds (projections.go)
-	js          jetstream.JetStream      // SET_ASIDE is read from it (setaside.go)
-	deadLetters DeadLetters              // dead-lettered deliveries (deliveries.go)
+	projections Projections         // runs ProjectionService's rebuilds (projections.go)
+	js          jetstream.JetStream // SET_ASIDE is read from it (setaside.go)
+	deadLetters DeadLetters         // dead-lettered deliveries (deliveries.go)
 }
 
 // New builds the API; nothing is listened on until Run (or Serve).

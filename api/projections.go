@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -13,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/lock-sensors/lock-sensors/projector"
+	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -21,15 +22,26 @@ import (
 // REST answers with 409 Conflict (a stale etag, the other FAILED_PRECONDITION, is 412).
 const rebuildRunningType = "REBUILD_RUNNING"
 
-// projectionService lists the projections and starts their rebuilds through the runner of
-// Deps.Projections, which runs them inside this process; without one both calls answer
-// UNIMPLEMENTED.
+// Projections is what the projection calls need of a rebuild controller: list the
+// projections with their checkpoints, lag and rebuilds, and start a rebuild (in this
+// process); *rebuild.Runner is one. Start fails with rebuild.ErrRunning while a rebuild of the
+// projection runs, and with rebuild.ErrNoReadingAfter when FromTime is past the log.
+type Projections interface {
+	List(ctx context.Context) ([]rebuild.Info, error)
+	Start(ctx context.Context, req rebuild.Request) (rebuild.Status, error)
+}
+
+// projectionNames are the projections the API names (locksv1.RebuildProjectionRequest.name).
+var projectionNames = []string{"state", "history"}
+
+// projectionService lists the projections and starts their rebuilds through Deps.Projections;
+// without one both calls answer UNIMPLEMENTED.
 type projectionService struct {
 	locksv1.UnimplementedProjectionServiceServer
 	s *Server
 }
 
-func (ps *projectionService) runner() (*projector.RebuildRunner, error) {
+func (ps *projectionService) runner() (Projections, error) {
 	if ps.s.projections == nil {
 		return nil, fmt.Errorf("%w: this server runs no rebuild runner, so it neither lists nor rebuilds projections", ErrUnimplemented)
 	}
@@ -41,7 +53,7 @@ func (ps *projectionService) ListProjections(ctx context.Context, _ *locksv1.Lis
 	if err != nil {
 		return nil, err
 	}
-	infos, err := r.Projections(ctx)
+	infos, err := r.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +74,7 @@ func (ps *projectionService) ListProjections(ctx context.Context, _ *locksv1.Lis
 
 func (ps *projectionService) RebuildProjection(ctx context.Context, req *locksv1.RebuildProjectionRequest) (*locksv1.RebuildProjectionResponse, error) {
 	name := req.GetName()
-	if name != projector.StateProjection && name != projector.HistoryProjection {
+	if !slices.Contains(projectionNames, name) {
 		return nil, fieldErr("name", "%q is not a projection: want state or history", name)
 	}
 	var from time.Time
@@ -79,9 +91,9 @@ func (ps *projectionService) RebuildProjection(ctx context.Context, req *locksv1
 	if err != nil {
 		return nil, err
 	}
-	st, err := r.Start(ctx, projector.RebuildRequest{Projection: name, FromSeq: req.GetFromSeq(), FromTime: from})
+	st, err := r.Start(ctx, rebuild.Request{Projection: name, FromSeq: req.GetFromSeq(), FromTime: from})
 	switch {
-	case errors.Is(err, projector.ErrRebuildRunning):
+	case errors.Is(err, rebuild.ErrRunning):
 		s := status.New(codes.FailedPrecondition, err.Error())
 		if d, derr := s.WithDetails(&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{
 			{Type: rebuildRunningType, Subject: "projections/" + name, Description: "a rebuild of " + name + " is running"},
@@ -89,7 +101,7 @@ func (ps *projectionService) RebuildProjection(ctx context.Context, req *locksv1
 			s = d
 		}
 		return nil, s.Err()
-	case errors.Is(err, projector.ErrNoReadingAfter):
+	case errors.Is(err, rebuild.ErrNoReadingAfter):
 		return nil, fieldErr("from_time", "%v", err)
 	case err != nil:
 		return nil, err
@@ -105,7 +117,7 @@ var rebuildPhases = map[string]locksv1.RebuildPhase{
 	"failed":   locksv1.RebuildPhase_REBUILD_PHASE_FAILED,
 }
 
-func rebuildProto(st projector.RebuildStatus) *locksv1.Rebuild {
+func rebuildProto(st rebuild.Status) *locksv1.Rebuild {
 	out := &locksv1.Rebuild{Projection: st.Projection, Phase: rebuildPhases[st.Phase], Running: st.Running,
 		Done: st.Done, Total: st.Total, Rate: st.Rate, Eta: durationpb.New(st.ETA), FromSeq: st.FromSeq,
 		StartTime: timestamppb.New(st.Started), Error: st.Err, OldTable: st.Result.OldTable}

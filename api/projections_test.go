@@ -18,7 +18,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
-	"github.com/lock-sensors/lock-sensors/projector"
+	"github.com/lock-sensors/lock-sensors/projector/history"
+	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/projector/state"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -41,9 +43,12 @@ func newProjEnv(t *testing.T) *projEnv {
 		t.Fatal(err)
 	}
 	p.env = newEnv(t, func(_ *Config, d *Deps) {
-		r, err := projector.NewRebuildRunner(projector.RebuildRunnerConfig{PartitionCount: projParts,
-			State: projector.RebuildConfig{ProgressEvery: 100 * time.Millisecond, BatchSize: 500}},
-			projector.RebuildRunnerDeps{JS: p.nats.JS, PG: d.DB.(*pgxpool.Pool), CH: p.ch, Log: testenv.Logger(t)})
+		log := testenv.Logger(t)
+		r, err := rebuild.New(rebuild.Config{PartitionCount: projParts}, rebuild.Deps{JS: p.nats.JS, Logger: log, Projections: []rebuild.Projection{
+			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: projParts, ProgressEvery: 100 * time.Millisecond, BatchSize: 500},
+				Deps: state.RebuildDeps{JS: p.nats.JS, PG: d.DB.(*pgxpool.Pool), Logger: log}},
+			history.Projection{Deps: history.RebuildDeps{JS: p.nats.JS, CH: p.ch, Logger: log}},
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,14 +148,14 @@ func TestProjectionsRebuild(t *testing.T) {
 		t.Fatalf("before the projectors: state %v, history lag %d; want %d partitions with a lag of %d in all", got["state"], got["history"].GetLag(), projParts, count)
 	}
 
-	st, err := projector.NewState(projector.StateConfig{Partitions: partition.All(projParts), PartitionCount: projParts, IdleWait: 100 * time.Millisecond,
-		RelayPoll: 50 * time.Millisecond}, projector.StateDeps{JS: p.nats.JS, PG: p.db, Log: testenv.Logger(t), Reg: prometheus.NewRegistry()})
+	st, err := state.New(state.Config{Partitions: partition.All(projParts), PartitionCount: projParts, IdleWait: 100 * time.Millisecond,
+		RelayPoll: 50 * time.Millisecond}, state.Deps{JS: p.nats.JS, PG: p.db, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	testenv.RunPart(t, "State", st.Run, 20*time.Second)
-	hist, err := projector.NewHistory(projector.HistoryConfig{Partitions: partition.All(projParts), BatchSize: 1000, FlushInterval: 100 * time.Millisecond},
-		p.nats.JS, p.ch, testenv.Logger(t), prometheus.NewRegistry())
+	hist, err := history.New(history.Config{Partitions: partition.All(projParts), BatchSize: 1000, FlushInterval: 100 * time.Millisecond},
+		history.Deps{JS: p.nats.JS, CH: p.ch, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,13 +221,13 @@ func TestProjectionsRebuild(t *testing.T) {
 		return rb["phase"] == "REBUILD_PHASE_DONE"
 	})
 	if done["running"] != false || done["done"] != fmt.Sprint(count) || done["total"] != fmt.Sprint(count) || done["finish_time"] == nil ||
-		!strings.HasPrefix(done["old_table"].(string), projector.StateOldTablePrefix) || done["error"] != "" {
+		!strings.HasPrefix(done["old_table"].(string), state.OldTablePrefix) || done["error"] != "" {
 		t.Errorf("finished rebuild: %v", done)
 	}
 	if after := stateTableText(t, p.db); strings.Join(after, "\n") != strings.Join(before, "\n") {
 		t.Errorf("rebuilt sensor_state differs from the one before:\n%v\nwant\n%v", after, before)
 	}
-	if _, ok := p.list(t)[projector.StateRebuildProjection]; ok {
+	if _, ok := p.list(t)[state.ShadowName]; ok {
 		t.Error("the shadow's checkpoints are still listed after the swap")
 	}
 

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/lock-sensors/lock-sensors/internal/chschema"
 )
 
 // Paging limits (CONTRACT.md section 3).
@@ -238,6 +240,14 @@ func msTime(sec uint32, ms uint16) time.Time {
 	return time.UnixMilli(int64(sec)*1000 + int64(ms)).UTC()
 }
 
+// The columns each list scans, in its Scan order, checked against the table definitions when
+// the package is loaded.
+var (
+	readingsCols   = chschema.Readings.Select("seq", "data", "toUInt32(time)", "time_ms", "toUInt32(received)", "received_ms", "message_id")
+	eventsCols     = chschema.Events.Select("event_id", "type", "toUInt32(time)", "time_ms", "data", "previous_data", "revision", "toUInt32(received)", "received_ms")
+	deliveriesCols = chschema.Deliveries.Select("event_id", "sensor_id", "attempt", "toUInt32(time)", "time_ms", "status_code", "latency_ms", "error", "outcome")
+)
+
 // Readings lists a sensor's readings.
 func (s *Store) Readings(ctx context.Context, sensorID string, q Query) (ReadingsPage, error) {
 	var page ReadingsPage
@@ -253,7 +263,7 @@ func (s *Store) Readings(ctx context.Context, sensorID string, q Query) (Reading
 	if w.after != nil {
 		conds = append(conds, w.keysetCond(byReceived, func(op string) string { return fmt.Sprintf("seq %s %d", op, w.after.S) }))
 	}
-	sql := "SELECT seq, data, toUInt32(time), time_ms, toUInt32(received), received_ms, message_id FROM readings WHERE " +
+	sql := "SELECT " + readingsCols + " FROM " + chschema.Readings.Name + " WHERE " +
 		strings.Join(conds, " AND ") + " ORDER BY " + w.order("received", "received_ms", "seq") +
 		" LIMIT 1 BY seq LIMIT " + strconv.Itoa(w.size+1)
 	rows, err := s.ch.Query(ctx, sql)
@@ -308,7 +318,7 @@ func (s *Store) Events(ctx context.Context, sensorID string, q Query) (EventsPag
 			return fmt.Sprintf("(revision %s %d OR (revision = %d AND event_id %s %s))", op, w.after.S, w.after.S, op, quote(w.after.ID))
 		}))
 	}
-	sql := "SELECT event_id, type, toUInt32(time), time_ms, data, previous_data, revision, toUInt32(received), received_ms FROM events WHERE " +
+	sql := "SELECT " + eventsCols + " FROM " + chschema.Events.Name + " WHERE " +
 		strings.Join(conds, " AND ") + " ORDER BY " + w.order("received", "received_ms", "revision", "event_id") +
 		" LIMIT 1 BY event_id LIMIT " + strconv.Itoa(w.size+1)
 	rows, err := s.ch.Query(ctx, sql)
@@ -355,7 +365,7 @@ func (s *Store) Deliveries(ctx context.Context, clientID string, q Query) (Deliv
 			return fmt.Sprintf("(event_id %s %s OR (event_id = %s AND attempt %s %d))", op, id, id, op, w.after.S)
 		}))
 	}
-	sql := "SELECT event_id, sensor_id, attempt, toUInt32(time), time_ms, status_code, latency_ms, error, outcome FROM deliveries WHERE " +
+	sql := "SELECT " + deliveriesCols + " FROM " + chschema.Deliveries.Name + " WHERE " +
 		strings.Join(conds, " AND ") + " ORDER BY " + w.order("time", "time_ms", "event_id", "attempt") +
 		" LIMIT 1 BY time, time_ms, event_id, attempt LIMIT " + strconv.Itoa(w.size+1)
 	rows, err := s.ch.Query(ctx, sql)

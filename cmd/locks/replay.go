@@ -17,7 +17,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
-	"github.com/lock-sensors/lock-sensors/projector"
+	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
+	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/projector/state"
 )
 
 // replayOptions are the flags of `locks replay`.
@@ -45,7 +47,7 @@ func replayFlags(fs *flag.FlagSet) *replayOptions {
 // runReplay rebuilds a projection into shadow tables and swaps it in, showing progress on
 // stderr: one rewritten line on a terminal, log lines otherwise.
 func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr io.Writer, log *slog.Logger) error {
-	doState, doHistory := o.projection == projector.StateProjection || o.projection == "all", o.projection == projector.HistoryProjection || o.projection == "all"
+	doState, doHistory := o.projection == state.Name || o.projection == "all", o.projection == projhistory.Name || o.projection == "all"
 	if !doState && !doHistory {
 		return &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
 	}
@@ -84,14 +86,14 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if o.dropOld {
 		var names []string
 		if doState {
-			n, err := projector.DropOldState(ctx, pool)
+			n, err := state.DropOld(ctx, pool)
 			if err != nil {
 				return err
 			}
 			names = append(names, n...)
 		}
 		if doHistory {
-			n, err := projector.DropOldHistory(ctx, ch)
+			n, err := projhistory.DropOld(ctx, ch)
 			if err != nil {
 				return err
 			}
@@ -115,14 +117,14 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 		return err
 	}
 	if !fromTime.IsZero() {
-		if o.fromSeq, err = projector.ResolveFromTime(ctx, js, fromTime); err != nil {
+		if o.fromSeq, err = rebuild.ResolveFromTime(ctx, js, fromTime); err != nil {
 			return fmt.Errorf("--from-time=%s: %w", o.fromTime, err)
 		}
 		log.Info("--from-time resolved to the first READINGS message at or after it", "from_time", o.fromTime, "from_seq", o.fromSeq)
 	}
 	if o.rebase {
 		// The live state projector picks the rebased checkpoints up by itself.
-		_, err := projector.RebaseState(ctx, js, pool, o.fromSeq, log)
+		_, err := state.Rebase(ctx, js, pool, o.fromSeq, log)
 		return err
 	}
 	var tty *os.File
@@ -131,11 +133,11 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 			tty = f
 		}
 	}
-	progress := func(name string) func(projector.RebuildProgress) {
+	progress := func(name string) func(rebuild.Progress) {
 		if tty == nil {
 			return nil // logged
 		}
-		return func(p projector.RebuildProgress) {
+		return func(p rebuild.Progress) {
 			pct := 100.0
 			if p.Total > 0 {
 				pct = 100 * float64(p.Done) / float64(p.Total)
@@ -144,7 +146,7 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 				name, p.Phase, p.Done, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
 		}
 	}
-	report := func(name string, res projector.RebuildResult, err error) error {
+	report := func(name string, res rebuild.Result, err error) error {
 		if tty != nil {
 			fmt.Fprintln(tty)
 		}
@@ -157,8 +159,8 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 		return nil
 	}
 	if doState {
-		r, err := projector.NewStateRebuild(projector.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, BatchSize: o.batch,
-			Progress: progress("state")}, projector.RebuildDeps{JS: js, PG: pool, Log: log})
+		r, err := state.NewRebuild(state.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, BatchSize: o.batch,
+			Progress: progress("state")}, state.RebuildDeps{JS: js, PG: pool, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -168,7 +170,8 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 		}
 	}
 	if doHistory {
-		r, err := projector.NewHistoryRebuild(projector.HistoryRebuildConfig{FromSeq: o.fromSeq, Progress: progress("history")}, js, ch, log)
+		r, err := projhistory.NewRebuild(projhistory.RebuildConfig{FromSeq: o.fromSeq, Progress: progress("history")},
+			projhistory.RebuildDeps{JS: js, CH: ch, Logger: log})
 		if err != nil {
 			return err
 		}

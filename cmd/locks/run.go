@@ -32,7 +32,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/migrations"
 	"github.com/lock-sensors/lock-sensors/notifier"
-	"github.com/lock-sensors/lock-sensors/projector"
+	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
+	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/projector/state"
 	"github.com/lock-sensors/lock-sensors/watchdog"
 )
 
@@ -136,8 +138,8 @@ func buildPart(name string, d deps) (runner, error) {
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
-		st, err := projector.NewState(projector.StateConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
-			projector.StateDeps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg})
+		st, err := state.New(state.Config{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
+			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg})
 		if err != nil {
 			return nil, err
 		}
@@ -145,8 +147,9 @@ func buildPart(name string, d deps) (runner, error) {
 		d.ops.AddCheck("state", st.Ready)
 		return st, nil
 	case "history":
-		return projector.NewHistory(projector.HistoryConfig{Partitions: d.partitions, PartitionCount: d.cfg.Partitions,
-			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval}, d.js, d.ch, d.log, d.reg)
+		return projhistory.New(projhistory.Config{Partitions: d.partitions, PartitionCount: d.cfg.Partitions,
+			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval},
+			projhistory.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, CH: d.ch})
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
 		// beyond the bridge's prefetch window; expiries wait for it.
@@ -160,8 +163,10 @@ func buildPart(name string, d deps) (runner, error) {
 			return nil, err
 		}
 		// Rebuilds started through the API run in this process, and stop with the API.
-		rb, err := projector.NewRebuildRunner(projector.RebuildRunnerConfig{PartitionCount: d.cfg.Partitions},
-			projector.RebuildRunnerDeps{JS: d.js, PG: d.pg, CH: d.ch, Log: d.log})
+		rb, err := rebuild.New(rebuild.Config{PartitionCount: d.cfg.Partitions}, rebuild.Deps{JS: d.js, Logger: d.log, Projections: []rebuild.Projection{
+			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: state.RebuildDeps{JS: d.js, PG: d.pg, Logger: d.log}},
+			projhistory.Projection{Deps: projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}},
+		}})
 		if err != nil {
 			return nil, err
 		}

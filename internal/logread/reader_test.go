@@ -1,0 +1,94 @@
+package logread
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// The rebuilds' reader returns every message of its filter once, in order, also when its
+// consumer is deleted under it (as the server does to an idle one) and when it starts later.
+func TestReaderInOrderThroughLostConsumer(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 2, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	var want []uint64 // sequences of sensor a's partition
+	pa := natsx.ReadingsPartitionFilter(0)
+	for i := range 300 {
+		id := "s" + strconv.Itoa(i%7)
+		ack, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject(id), []byte("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := ns.JS.Stream(t.Context(), natsx.ReadingsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := m.GetMsg(t.Context(), ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw.Subject[:len(pa)-1] == pa[:len(pa)-1] {
+			want = append(want, ack.Sequence)
+		}
+	}
+	if len(want) < 50 {
+		t.Fatalf("%d messages in partition 0: too few to show anything", len(want))
+	}
+	for _, c := range []struct {
+		name  string
+		start uint64
+		kill  []int // delete the consumer after these many messages
+	}{
+		{"whole", 0, nil},
+		{"consumer deleted twice", 0, []int{10, 11}},
+		{"from the middle", want[len(want)/2], []int{5}},
+	} {
+		r, err := New(t.Context(), ns.JS, natsx.ReadingsStream, pa, c.start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exp := want
+		for len(exp) > 0 && exp[0] < c.start {
+			exp = exp[1:]
+		}
+		if r.Pending() != uint64(len(exp)) {
+			t.Errorf("%s: pending %d, want %d", c.name, r.Pending(), len(exp))
+		}
+		var got []uint64
+		kill := c.kill
+		for len(got) < len(exp) {
+			msgs, err := r.Fetch(t.Context(), 7, 0)
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			if len(msgs) == 0 {
+				t.Fatalf("%s: nothing more after %d of %d", c.name, len(got), len(exp))
+			}
+			for _, m := range msgs {
+				md, _ := m.Metadata()
+				got = append(got, md.Sequence.Stream)
+			}
+			if len(kill) > 0 && len(got) >= kill[0] {
+				kill = kill[1:]
+				if err := ns.JS.DeleteConsumer(t.Context(), natsx.ReadingsStream, r.cons.CachedInfo().Name); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for i := range exp {
+			if i >= len(got) || got[i] != exp[i] {
+				t.Fatalf("%s: read %v, want %v", c.name, got, exp)
+			}
+		}
+		if msgs, err := r.Fetch(t.Context(), 7, 50*time.Millisecond); err != nil || len(msgs) != 0 {
+			t.Errorf("%s: after the end: %d messages, %v", c.name, len(msgs), err)
+		}
+		r.Close(t.Context())
+	}
+}

@@ -1,0 +1,49 @@
+package history
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	rows, batches, errors *prometheus.CounterVec
+	skipped               *prometheus.CounterVec
+	lag                   *prometheus.GaugeVec
+	buffered              *prometheus.GaugeVec
+	insertSeconds         *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		rows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "locks_history_rows_written_total", Help: "Rows written to ClickHouse by the history projector.",
+		}, []string{"table"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "locks_history_batches_total", Help: "Successful INSERTs of the history projector.",
+		}, []string{"table"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "locks_history_insert_errors_total", Help: "Failed INSERT attempts (each is retried).",
+		}, []string{"table"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "locks_history_skipped_total", Help: "Messages acked without a row: not a reading, undecodable, or set aside (forged or malformed).",
+		}, []string{"table", "reason"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "locks_history_lag_seconds",
+			Help: "Age (by stream time) of the oldest message received but not yet written; 0 when none waits.",
+		}, []string{"table"}),
+		buffered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "locks_history_buffered_rows", Help: "Rows buffered for the next INSERT.",
+		}, []string{"table"}),
+		insertSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "locks_history_insert_seconds", Help: "Duration of successful INSERTs.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}, []string{"table"}),
+	}
+	for _, c := range []prometheus.Collector{m.rows, m.batches, m.errors, m.skipped, m.lag, m.buffered, m.insertSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("history: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,306 @@
+package state
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+)
+
+// decodeBatch parses and checks msgs. A message that can never be applied (forged or
+// malformed: see event.CheckLog) is set aside before the batch commits past it, so that it
+// stops nothing else; an error here is transient (NATS unreachable for the record) and the
+// batch is retried.
+func (s *Projector) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg) ([]item, error) {
+	out := make([]item, 0, len(msgs))
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("message metadata: %w", err)
+		}
+		l, err := prepareLog(m.Subject(), m.Data(), s.cfg.PartitionCount)
+		if err != nil {
+			if err := s.setAside.SetAside(ctx, natsx.ReadingsStream, md.Sequence.Stream, m.Subject(), m.Data(), err); err != nil {
+				return nil, err
+			}
+			s.m.skipped.WithLabelValues("invalid").Inc()
+			continue
+		}
+		out = append(out, item{seq: md.Sequence.Stream, log: l})
+	}
+	return out, nil
+}
+
+// batch is one batch of a partition inside its transaction: what the steps of applyBatch
+// read and write.
+type batch struct {
+	tx    pgx.Tx
+	p     int
+	cache *rowCache
+	// ids are the batch's sensors in first-seen order; missing those not in the cache.
+	ids, missing []string
+	cp           uint64          // the checkpoint, locked
+	rows         map[string]row  // the batch's sensors' rows, as loaded and then stepped
+	exists       map[string]bool // rows loaded: updated in place; the others are inserted
+	dirty        map[string]bool // rows step wrote
+	evs          []event.Event
+	applied      int
+	skipped      int
+}
+
+func newBatch(tx pgx.Tx, p int, items []item, cache *rowCache) *batch {
+	b := &batch{tx: tx, p: p, cache: cache}
+	seen := make(map[string]bool, len(items))
+	for _, it := range items {
+		if !seen[it.log.SensorID] {
+			seen[it.log.SensorID] = true
+			b.ids = append(b.ids, it.log.SensorID)
+			if _, ok := cache.rows[it.log.SensorID]; !ok {
+				b.missing = append(b.missing, it.log.SensorID)
+			}
+		}
+	}
+	return b
+}
+
+// applyBatch applies msgs of partition p in one transaction, in named steps: lock the
+// checkpoint and load the rows (one round trip), skip what is at or below the checkpoint,
+// step the rest, then write the rows, the outbox and the advanced checkpoint (one more).
+// cache may be nil.
+func (s *Projector) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cache *rowCache) error {
+	items, err := s.decodeBatch(ctx, p, msgs)
+	if err != nil {
+		return err
+	}
+	md, err := msgs[len(msgs)-1].Metadata()
+	if err != nil {
+		return fmt.Errorf("message metadata: %w", err)
+	}
+	lastSeq := md.Sequence.Stream
+	if cache == nil {
+		cache = newRowCache(0)
+	}
+	if len(cache.rows) > cache.max {
+		cache.clear()
+	}
+	start := time.Now()
+	var b *batch
+	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
+		b = newBatch(tx, p, items, cache)
+		if err := b.lockAndLoad(ctx); err != nil {
+			return err
+		}
+		if lastSeq <= b.cp {
+			b.skipped = len(msgs)
+			return nil
+		}
+		b.stepAll(items)
+		w := &pgx.Batch{}
+		updated := b.queueRows(w)
+		if err := b.queueOutbox(w); err != nil {
+			return err
+		}
+		b.queueCheckpoint(w, lastSeq)
+		return b.send(ctx, w, updated)
+	})
+	if err != nil {
+		cache.clear()
+		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
+	}
+	for id, r := range b.rows {
+		cache.rows[id] = r
+	}
+	cache.cp = max(lastSeq, cache.cp)
+	if b.skipped == len(msgs) {
+		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
+		cache.clear()
+	}
+	s.m.commit.Observe(time.Since(start).Seconds())
+	s.m.batch.Observe(float64(len(msgs)))
+	s.m.applied.Add(float64(b.applied))
+	if b.skipped > 0 {
+		s.m.skipped.WithLabelValues("already_applied").Add(float64(b.skipped))
+	}
+	for _, e := range b.evs {
+		s.m.events.WithLabelValues(e.Type).Inc()
+	}
+	return nil
+}
+
+// lockAndLoad locks the partition's checkpoint (creating its row), checks that it belongs to
+// the consumer's stream, and loads the rows of the batch's sensors: from the cache when the
+// checkpoint is the one this process left, from sensor_state otherwise.
+func (b *batch) lockAndLoad(ctx context.Context) error {
+	q := &pgx.Batch{}
+	q.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, b.p)
+	q.Queue(lockCheckpoint, Name, b.p)
+	// After the checkpoint lock, which a rebuild's swap holds while renaming the tables;
+	// read from the catalog (not a regclass constant) so that no cached plan keeps it.
+	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
+	q.Queue(selectRows, b.missing)
+	br := b.tx.SendBatch(ctx, q)
+	err := b.lockCheckpoint(br)
+	if err == nil {
+		b.rows = make(map[string]row, len(b.ids))
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = scanRows(rows, b.rows)
+		}
+		if err != nil {
+			err = fmt.Errorf("load sensor_state: %w", err)
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("load sensor_state: %w", cerr)
+	}
+	if err != nil {
+		return err
+	}
+	return b.loadRows(ctx)
+}
+
+// lockCheckpoint reads the locked checkpoint and sensor_state's identity from br.
+func (b *batch) lockCheckpoint(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("insert checkpoint: %w", err)
+	}
+	cp, err := scanCheckpoint(br.QueryRow())
+	if err != nil {
+		return fmt.Errorf("lock checkpoint: %w", err)
+	}
+	b.cp = cp.seq
+	if cp.seq > 0 && cp.stream != "" && b.cache.stream != "" && cp.stream != b.cache.stream {
+		// Rebased or written by a process on another stream since this consumer was
+		// created: deciding by this sequence would skip or repeat readings.
+		return &CheckpointMismatchError{Projection: Name, Partition: b.p, Seq: cp.seq, Stream: cp.stream, Current: b.cache.stream}
+	}
+	var table uint32
+	if err := br.QueryRow().Scan(&table); err != nil {
+		return fmt.Errorf("look up sensor_state: %w", err)
+	}
+	if table != b.cache.table {
+		b.cache.clear()
+		b.cache.table = table
+	}
+	return nil
+}
+
+// loadRows completes b.rows (the missing ones are loaded) from the cache, or, when the
+// checkpoint is not the one this process left (its cached rows may be stale), from
+// sensor_state.
+func (b *batch) loadRows(ctx context.Context) error {
+	if b.cp == b.cache.cp {
+		for _, id := range b.ids {
+			if r, ok := b.cache.rows[id]; ok {
+				b.rows[id] = r
+			}
+		}
+	} else {
+		b.cache.clear()
+		if len(b.missing) < len(b.ids) {
+			rows, err := b.tx.Query(ctx, selectRows, b.ids)
+			if err == nil {
+				err = scanRows(rows, b.rows)
+			}
+			if err != nil {
+				return fmt.Errorf("reload sensor_state: %w", err)
+			}
+		}
+	}
+	b.exists = make(map[string]bool, len(b.rows))
+	for id := range b.rows {
+		b.exists[id] = true
+	}
+	return nil
+}
+
+// stepAll applies the items above the checkpoint to the rows, in order.
+func (b *batch) stepAll(items []item) {
+	b.dirty = make(map[string]bool, len(b.ids))
+	for _, it := range items {
+		if it.seq <= b.cp {
+			b.skipped++
+			continue
+		}
+		b.applied++
+		cur, ok := b.rows[it.log.SensorID]
+		var touched bool
+		cur, touched, b.evs = step(cur, ok, it.log, b.p, it.seq, b.evs)
+		if touched {
+			b.rows[it.log.SensorID] = cur
+			b.dirty[it.log.SensorID] = true
+		}
+	}
+}
+
+// queueRows queues the writes of the rows step touched and returns how many are updates.
+func (b *batch) queueRows(w *pgx.Batch) int {
+	var upd, ins columns
+	for _, id := range b.ids {
+		if !b.dirty[id] {
+			continue
+		}
+		if b.exists[id] {
+			upd.add(id, b.p, b.rows[id])
+		} else {
+			ins.add(id, b.p, b.rows[id])
+		}
+	}
+	queueRows(w, "sensor_state", &upd, &ins)
+	return len(upd.id)
+}
+
+// queueOutbox queues the outbox rows of the events step derived; the outbox id orders the
+// relay, so rows are inserted in event order.
+func (b *batch) queueOutbox(w *pgx.Batch) error {
+	if len(b.evs) == 0 {
+		return nil
+	}
+	eid := make([]string, len(b.evs))
+	sid := make([]string, len(b.evs))
+	rev := make([]int64, len(b.evs))
+	payload := make([][]byte, len(b.evs))
+	for i, e := range b.evs {
+		raw, err := json.Marshal(e)
+		if err != nil {
+			return fmt.Errorf("encode event: %w", err)
+		}
+		eid[i], sid[i], rev[i], payload[i] = e.ID, e.SensorID, e.Revision, raw
+	}
+	w.Queue(`INSERT INTO outbox (event_id, partition, sensor_id, revision, payload)
+		SELECT e, $2, s, r, b FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bytea[]) WITH ORDINALITY AS t(e, s, r, b, o)
+		ORDER BY o`, eid, b.p, sid, rev, payload)
+	return nil
+}
+
+// queueCheckpoint queues the checkpoint's advance to lastSeq, naming the consumer's stream.
+func (b *batch) queueCheckpoint(w *pgx.Batch, lastSeq uint64) {
+	w.Queue(`UPDATE checkpoints SET seq = $3, stream = coalesce(nullif($4, ''), stream), updated_at = now() WHERE projection = $1 AND partition = $2`,
+		Name, b.p, int64(lastSeq), b.cache.stream)
+}
+
+// send runs w; its first statement is the UPDATE of the updated rows when there are any,
+// and each of them must still be there.
+func (b *batch) send(ctx context.Context, w *pgx.Batch, updated int) error {
+	br := b.tx.SendBatch(ctx, w)
+	if updated > 0 {
+		tag, err := br.Exec()
+		if err == nil && tag.RowsAffected() != int64(updated) {
+			err = fmt.Errorf("updated %d sensor_state rows, want %d: rows vanished under the projector", tag.RowsAffected(), updated)
+		}
+		if err != nil {
+			br.Close()
+			return fmt.Errorf("update sensor_state: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("write sensor_state, outbox and checkpoint: %w", err)
+	}
+	return nil
+}

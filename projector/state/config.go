@@ -1,0 +1,117 @@
+package state
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+)
+
+// Name is the checkpoint name of the state projector.
+const Name = "state"
+
+// Crash points of the state projector and its relay (see internal/crashpoint).
+const (
+	CrashAfterCommit       = "state.after_commit"
+	CrashRelayAfterPublish = "relay.after_publish"
+)
+
+// Defaults of Config.
+const (
+	BatchSizeDefault      = 1000
+	AckWaitDefault        = 2 * time.Minute
+	IdleWaitDefault       = time.Second
+	RelayPollDefault      = 2 * time.Second
+	RelayBatchDefault     = 1000
+	PublishTimeoutDefault = 10 * time.Second
+	CacheSensorsDefault   = 100_000
+)
+
+// Config configures the state projector and its outbox relay.
+type Config struct {
+	// Partitions are the READINGS partitions this process owns.
+	Partitions partition.Set
+	// PartitionCount is LOCKS_PARTITIONS, the number of partitions of READINGS.
+	PartitionCount int
+	// BatchSize is the most READINGS messages applied in one transaction.
+	BatchSize int
+	// AckWait is the consumers' ack wait: a batch is acked after its commit, so it must
+	// exceed the slowest transaction.
+	AckWait time.Duration
+	// IdleWait is how long an idle partition waits for its next message before checking
+	// its consumer.
+	IdleWait time.Duration
+	// RelayPoll is how often the relay looks at the outbox without a nudge: every commit of
+	// this process nudges the relay of its partition at once; the poll is a safety net (rows
+	// of an earlier owner of the partition are relayed at start).
+	RelayPoll time.Duration
+	// RelayBatch is the most outbox rows published per round.
+	RelayBatch int
+	// PublishTimeout bounds the wait for JetStream's ack of an event.
+	PublishTimeout time.Duration
+	// CacheSensors bounds the rows kept in memory per partition between batches (about 200
+	// bytes each). A full cache is emptied and refilled.
+	CacheSensors int
+}
+
+func (c *Config) setDefaults() {
+	if c.BatchSize == 0 {
+		c.BatchSize = BatchSizeDefault
+	}
+	if c.AckWait == 0 {
+		c.AckWait = AckWaitDefault
+	}
+	if c.IdleWait == 0 {
+		c.IdleWait = IdleWaitDefault
+	}
+	if c.RelayPoll == 0 {
+		c.RelayPoll = RelayPollDefault
+	}
+	if c.RelayBatch == 0 {
+		c.RelayBatch = RelayBatchDefault
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = PublishTimeoutDefault
+	}
+	if c.CacheSensors == 0 {
+		c.CacheSensors = CacheSensorsDefault
+	}
+}
+
+// Validate reports the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.PartitionCount < 1:
+		return fmt.Errorf("state projector: partition count %d < 1", c.PartitionCount)
+	case len(c.Partitions) == 0:
+		return errors.New("state projector: owns no partition")
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("state projector: batch size %d not in 1..10000", c.BatchSize)
+	case c.RelayBatch < 1:
+		return fmt.Errorf("state projector: relay batch %d < 1", c.RelayBatch)
+	case c.AckWait < time.Second:
+		return fmt.Errorf("state projector: ack wait %s < 1s", c.AckWait)
+	case c.IdleWait <= 0 || c.RelayPoll <= 0 || c.PublishTimeout <= 0:
+		return errors.New("state projector: idle wait, relay poll and publish timeout must be > 0")
+	}
+	for _, p := range c.Partitions {
+		if p < 0 || p >= c.PartitionCount {
+			return fmt.Errorf("state projector: partition %d out of range 0-%d", p, c.PartitionCount-1)
+		}
+	}
+	return nil
+}
+
+// Deps are what the state projector runs on.
+type Deps struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	JS         jetstream.JetStream
+	PG         *pgxpool.Pool
+}

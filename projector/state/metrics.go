@@ -1,0 +1,43 @@
+package state
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	applied prometheus.Counter
+	skipped *prometheus.CounterVec
+	events  *prometheus.CounterVec
+	batch   prometheus.Histogram
+	commit  prometheus.Histogram
+	lag     *prometheus.GaugeVec
+	// lagSeconds is how long the newest message fetched had been in READINGS.
+	lagSeconds *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_state_applied_total",
+			Help: "READINGS messages applied to sensor_state."}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_state_skipped_total",
+			Help: "READINGS messages not applied: already_applied (at or below the checkpoint) or invalid (set aside)."}, []string{"reason"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_state_events_total",
+			Help: "Events written to the outbox, by type."}, []string{"type"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_state_batch_size",
+			Help: "READINGS messages per transaction.", Buckets: prometheus.ExponentialBuckets(1, 4, 7)}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_state_commit_seconds",
+			Help: "Time of one batch transaction, begin to commit.", Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10)}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_state_lag_messages",
+			Help: "READINGS messages of the partition not yet delivered to the state projector."}, []string{"partition"}),
+		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_state_lag_seconds",
+			Help: "Age of the newest READINGS message fetched by the state projector (0 when caught up)."}, []string{"partition"}),
+	}
+	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag, m.lagSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("state projector metrics: %w", err)
+		}
+	}
+	return m, nil
+}

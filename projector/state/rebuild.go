@@ -1,0 +1,228 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lock-sensors/lock-sensors/internal/logread"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/part"
+	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+)
+
+// The rebuild of the state projection: READINGS is applied again, with the very step of
+// the live projector, into a shadow table (its own checkpoints under ShadowName),
+// while the live projection keeps serving and advancing. The shadow follows the live
+// checkpoints, never the end of the log: every event it derives is then one the live
+// projector has derived too, so each is checked against EVENTS (or the outbox, for those not
+// relayed yet) and none is ever written to the outbox again (invariant 5). When the shadow
+// is close behind, one transaction locks the live checkpoints and sensor_state, applies the
+// tail, and renames the tables; the old table stays until DropOld.
+
+// Names of the state rebuild.
+const (
+	ShadowName     = "state_rebuild"
+	ShadowTable    = "sensor_state_rebuild"
+	OldTablePrefix = "sensor_state_old_"
+)
+
+// CrashRebuildAfterBatch is hit after each committed batch of the shadow.
+const CrashRebuildAfterBatch = "rebuild.after_batch"
+
+var (
+	// ErrEventMismatch: an event the rebuild derived differs from the one already published
+	// under its id, or is missing although the live projection is past it.
+	ErrEventMismatch = errors.New("a re-derived event does not match EVENTS")
+)
+
+// RebuildDeps are what a rebuild runs on.
+type RebuildDeps struct {
+	Logger *slog.Logger
+	JS     jetstream.JetStream
+	PG     *pgxpool.Pool
+}
+
+// Rebuild rebuilds the state projection; see the comment at the top of this file.
+type Rebuild struct {
+	cfg RebuildConfig
+	js  jetstream.JetStream
+	pg  *pgxpool.Pool
+	log *slog.Logger
+	// pos is READINGS as plan found it: the shadow's checkpoints name its stream.
+	pos streamPosition
+
+	afterBatch func() // tests: called after each committed shadow batch
+}
+
+// NewRebuild checks the configuration.
+func NewRebuild(cfg RebuildConfig, d RebuildDeps) (*Rebuild, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := part.Require("state rebuild", part.Dep{Name: "Logger", Value: d.Logger}, part.Dep{Name: "JS", Value: d.JS},
+		part.Dep{Name: "PG", Value: d.PG}); err != nil {
+		return nil, err
+	}
+	return &Rebuild{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "rebuild", "projection", Name)}, nil
+}
+
+// Run rebuilds the state projection and swaps it in. Stopped (ctx) or failed, it leaves the
+// shadow and its checkpoints consistent, and the next Run continues from them.
+func (r *Rebuild) Run(ctx context.Context) (rebuild.Result, error) {
+	start := time.Now()
+	var res rebuild.Result
+	eventsTruncated, err := r.plan(ctx)
+	if err != nil {
+		return res, err
+	}
+	if res.Resumed, err = r.prepareShadow(ctx); err != nil {
+		return res, err
+	}
+	workers := make([]*shadowWorker, r.cfg.PartitionCount)
+	for p := range workers {
+		w := &shadowWorker{r: r, p: p, rows: map[string]row{},
+			check: &eventChecker{pg: r.pg, p: p, seen: map[string][]byte{}, truncated: eventsTruncated}}
+		workers[p] = w
+		defer w.close(ctx)
+		if err := w.open(ctx); err != nil {
+			return res, err
+		}
+	}
+	phase := atomic.Value{}
+	phase.Store("catch-up")
+	stopProgress := rebuild.ReportProgress(r.log, r.cfg.ProgressEvery, r.cfg.Progress, func() (done, pending uint64) {
+		for _, w := range workers {
+			done, pending = done+w.done.Load(), pending+w.pending.Load()
+		}
+		return done, pending
+	}, &phase, start)
+	defer stopProgress()
+
+	g, gctx := errgroup.WithContext(ctx)
+	for _, w := range workers {
+		g.Go(func() error { return w.follow(gctx) })
+	}
+	if err := g.Wait(); err != nil {
+		return res, err
+	}
+	phase.Store("swap")
+	if res.OldTable, err = r.swap(ctx, workers); err != nil {
+		return res, err
+	}
+	phase.Store("done")
+	for _, w := range workers {
+		res.Applied += w.done.Load()
+		res.EventsChecked += w.check.checked
+		res.EventsUnverified += w.check.unverified
+	}
+	res.Elapsed = time.Since(start)
+	r.log.Info("state projection rebuilt and swapped in", "applied", res.Applied, "events_checked", res.EventsChecked,
+		"events_unverified", res.EventsUnverified, "old_table", res.OldTable, "elapsed", res.Elapsed.Round(time.Millisecond))
+	return res, nil
+}
+
+// plan says, before anything is written, what the streams no longer hold.
+func (r *Rebuild) plan(ctx context.Context) (eventsTruncated bool, _ error) {
+	var err error
+	if r.pos, err = readingsPosition(ctx, r.js); err != nil {
+		return false, err
+	}
+	// The shadow follows the live checkpoints: ones of another stream (or ahead of this one)
+	// can never be reached, and the live projector refuses them anyway.
+	bad, err := mismatchedCheckpoints(ctx, r.pg, Name, r.pos, false)
+	if err != nil {
+		return false, err
+	}
+	if len(bad) > 0 {
+		return false, fmt.Errorf("%d partition(s) of the live projection cannot be followed, first %w; %s", len(bad), bad[0], bad[0].WayOut())
+	}
+	s, err := logread.StreamState(ctx, r.js, natsx.ReadingsStream)
+	if err != nil {
+		return false, err
+	}
+	r.log.Info("READINGS holds", "first_seq", s.FirstSeq, "last_seq", s.LastSeq, "messages", s.Msgs, "deleted", s.NumDeleted)
+	if s.Msgs > 0 && s.FirstSeq > 1 {
+		if r.cfg.FromSeq == 0 {
+			return false, fmt.Errorf("%w: it starts at sequence %d (%d messages removed by its limits); a rebuild would lose them: pass --from-seq to accept that",
+				rebuild.ErrLogTruncated, s.FirstSeq, s.FirstSeq-1)
+		}
+		r.log.Warn("READINGS no longer holds its start: the rebuild begins where it can", "first_seq", s.FirstSeq, "from_seq", max(r.cfg.FromSeq, s.FirstSeq))
+	}
+	if s.NumDeleted > 0 {
+		r.log.Warn("READINGS has deleted messages inside its range: the rebuild cannot apply them", "deleted", s.NumDeleted)
+	}
+	es, err := logread.StreamState(ctx, r.js, natsx.EventsStream)
+	if err != nil {
+		return false, err
+	}
+	if es.Msgs > 0 && es.FirstSeq > 1 {
+		r.log.Warn("EVENTS no longer holds its start: re-derived events it lost cannot be checked and are counted as unverified",
+			"first_seq", es.FirstSeq)
+		return true, nil
+	}
+	return false, nil
+}
+
+// prepareShadow creates the shadow table like sensor_state, or keeps the one an interrupted
+// run left (resumed true).
+func (r *Rebuild) prepareShadow(ctx context.Context) (resumed bool, _ error) {
+	err := pgx.BeginFunc(ctx, r.pg, func(tx pgx.Tx) error {
+		// One rebuild at a time: a second one waits here, and then continues the shadow.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('locks.rebuild.state'))`); err != nil {
+			return fmt.Errorf("rebuild lock: %w", err)
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ShadowTable).Scan(&exists); err != nil {
+			return fmt.Errorf("look up %s: %w", ShadowTable, err)
+		}
+		if exists {
+			bad, err := mismatchedCheckpoints(ctx, tx, ShadowName, r.pos, false)
+			if err != nil {
+				return err
+			}
+			if len(bad) == 0 {
+				resumed = true
+				return nil
+			}
+			// Continuing it would skip readings of this stream; it is only derived.
+			r.log.Warn("the shadow of an interrupted rebuild was made from another READINGS stream: starting over", "reason", bad[0].Error())
+			if _, err := tx.Exec(ctx, `DROP TABLE `+ShadowTable); err != nil {
+				return fmt.Errorf("drop %s: %w", ShadowTable, err)
+			}
+		}
+		var opts string
+		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ', '), '') FROM pg_class WHERE oid = 'sensor_state'::regclass`).Scan(&opts); err != nil {
+			return fmt.Errorf("sensor_state storage options: %w", err)
+		}
+		stmts := []string{
+			`CREATE TABLE ` + ShadowTable + ` (LIKE sensor_state INCLUDING ALL)`,
+			`DELETE FROM checkpoints WHERE projection = '` + ShadowName + `'`,
+		}
+		if opts != "" {
+			stmts = append(stmts, `ALTER TABLE `+ShadowTable+` SET (`+opts+`)`)
+		}
+		for _, q := range stmts {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return fmt.Errorf("create %s: %w", ShadowTable, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if resumed {
+		r.log.Info("continuing the shadow of an interrupted rebuild", "table", ShadowTable)
+	}
+	return resumed, nil
+}

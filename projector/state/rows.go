@@ -1,0 +1,97 @@
+package state
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// rowCache holds the rows of one partition as the last commit of this process left them,
+// so that a batch loads only the sensors it has not seen. It is valid only while the
+// checkpoint is where that commit put it: anything else (a failed transaction, another
+// writer) empties it.
+type rowCache struct {
+	rows map[string]row
+	cp   uint64 // the checkpoint after the commit the rows reflect
+	// table is sensor_state's oid when the rows were loaded: a rebuild swaps another table
+	// in under the same name (see rebuild.go), and the rows cached are then not its rows.
+	table uint32
+	max   int
+	// stream is the identity of the READINGS stream the partition's consumer reads (set
+	// when it is created): a batch refuses a checkpoint written on another stream, and
+	// writes this one with its own. Empty: not known (the checkpoint's is kept).
+	stream string
+}
+
+func newRowCache(max int) *rowCache {
+	return &rowCache{rows: make(map[string]row), max: max}
+}
+
+func (c *rowCache) clear() { clear(c.rows); c.cp = 0 }
+
+const selectRows = `SELECT sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq
+	FROM sensor_state WHERE sensor_id = ANY($1)`
+
+func scanRows(rows pgx.Rows, into map[string]row) error {
+	defer rows.Close()
+	for rows.Next() {
+		var id, conn string
+		var r row
+		var data int16
+		var lastSeq int64
+		if err := rows.Scan(&id, &data, &r.lastSeen, &r.lastReadingTime, &r.changedAt, &r.revision, &conn, &lastSeq); err != nil {
+			return fmt.Errorf("scan sensor_state: %w", err)
+		}
+		r.data, r.lost, r.lastSeq = uint8(data), conn == "lost", uint64(lastSeq)
+		r.lastSeen, r.lastReadingTime, r.changedAt = r.lastSeen.UTC(), r.lastReadingTime.UTC(), r.changedAt.UTC()
+		into[id] = r
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("load sensor_state: %w", err)
+	}
+	return nil
+}
+
+// columns are sensor_state rows as column arrays, for unnest.
+type columns struct {
+	id                  []string
+	part                []int32
+	data                []int16
+	seen, read, changed []time.Time
+	rev                 []int64
+	conn                []string
+	seq                 []int64
+}
+
+func (c *columns) add(id string, p int, r row) {
+	conn := "online"
+	if r.lost {
+		conn = "lost"
+	}
+	c.id, c.part, c.data = append(c.id, id), append(c.part, int32(p)), append(c.data, int16(r.data))
+	c.seen, c.read, c.changed = append(c.seen, r.lastSeen), append(c.read, r.lastReadingTime), append(c.changed, r.changedAt)
+	c.rev, c.conn, c.seq = append(c.rev, r.revision), append(c.conn, conn), append(c.seq, int64(r.lastSeq))
+}
+
+// queueRows queues the writes of rows to table (sensor_state, or a rebuild's shadow):
+// upd are rows known to exist, updated in place with UPDATE … FROM unnest rather than
+// INSERT … ON CONFLICT (no speculative insertion), ins new rows. When upd has rows, the
+// UPDATE is the batch's first statement, for the caller to check its row count.
+func queueRows(b *pgx.Batch, table string, upd, ins *columns) {
+	t := pgx.Identifier{table}.Sanitize()
+	if len(upd.id) > 0 {
+		b.Queue(`UPDATE `+t+` s SET data = u.data, last_seen = u.last_seen,
+				last_reading_time = u.last_reading_time, changed_at = u.changed_at, revision = u.revision,
+				connection = u.connection, last_seq = u.last_seq
+			FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[], $8::bigint[])
+				AS u(sensor_id, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+			WHERE s.sensor_id = u.sensor_id`,
+			upd.id, upd.data, upd.seen, upd.read, upd.changed, upd.rev, upd.conn, upd.seq)
+	}
+	if len(ins.id) > 0 {
+		b.Queue(`INSERT INTO `+t+` (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
+			SELECT * FROM unnest($1::text[], $2::int[], $3::smallint[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::bigint[], $8::text[], $9::bigint[])`,
+			ins.id, ins.part, ins.data, ins.seen, ins.read, ins.changed, ins.rev, ins.conn, ins.seq)
+	}
+}

@@ -1,0 +1,90 @@
+// Package state is the state projector: READINGS applied to sensor_state in Postgres with
+// exactly-once checkpoints, the events it derives written to an outbox and relayed to EVENTS,
+// and the rebuild and rebase of that projection.
+package state
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lock-sensors/lock-sensors/internal/setaside"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+)
+
+// Projector is the state projector: per owned partition, a durable pull consumer on READINGS
+// whose batches are applied to sensor_state in one transaction each (with the checkpoint and
+// the outbox rows of the events they cause), and a relay publishing the outbox to EVENTS.
+type Projector struct {
+	cfg   Config
+	js    jetstream.JetStream
+	pg    *pgxpool.Pool
+	log   *slog.Logger
+	m     *metrics
+	wake  map[int]chan struct{}
+	relay *Relay
+	// refused are the partitions whose checkpoints do not belong to READINGS (checkpoint.go).
+	refused *refusals
+	// setAside records the READINGS messages that can never be applied.
+	setAside *setaside.Recorder
+}
+
+// New checks the configuration and registers the metrics.
+func New(cfg Config, d Deps) (*Projector, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.JS == nil || d.PG == nil || d.Logger == nil || d.Registerer == nil {
+		return nil, errors.New("state projector: JS, PG, Log and Reg are required")
+	}
+	m, err := newMetrics(d.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m,
+		wake: make(map[int]chan struct{}, len(cfg.Partitions))}
+	for _, p := range cfg.Partitions {
+		s.wake[p] = make(chan struct{}, 1)
+	}
+	if s.setAside, err = setaside.NewRecorder(Name, d.JS, s.log, d.Registerer); err != nil {
+		return nil, err
+	}
+	s.relay, err = newRelay(cfg, d, s.wake)
+	if err != nil {
+		return nil, err
+	}
+	if s.refused, err = newRefusals(d.Registerer, Name, cfg.Partitions, s.log); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run applies the owned partitions and relays their outbox until ctx is done. It returns
+// nil after a clean stop. A message it can never apply is set aside (see decodeBatch) and
+// stops nothing.
+func (s *Projector) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, p := range s.cfg.Partitions {
+		g.Go(func() error { return s.runPartition(gctx, p) })
+	}
+	g.Go(func() error { return s.relay.Run(gctx) })
+	err := g.Wait()
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return nil
+	}
+	return err
+}
+
+// Ready is nil unless a partition is stopped because its checkpoint does not belong to
+// READINGS (for /readyz): the error names the partitions and the way out.
+func (s *Projector) Ready(ctx context.Context) error { return s.refused.Ready(ctx) }
+
+func (s *Projector) nudge(p int) {
+	select {
+	case s.wake[p] <- struct{}{}:
+	default:
+	}
+}
