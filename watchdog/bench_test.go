@@ -95,7 +95,7 @@ func BenchmarkTrack(b *testing.B) {
 		appendReadings(b, e.nats.JS, n)
 		b.Logf("appended %d readings in %s", n, time.Since(appendStart).Round(time.Millisecond))
 		heap0, rss0 := memFigures()
-		_, reg, stop := e.start(Config{Partitions: testPartitions, LostAfter: time.Hour})
+		_, reg, stop := e.start(Config{PartitionCount: testPartitions, LostAfter: time.Hour})
 		start := time.Now()
 		for counter(b, reg, "locks_watchdog_refreshes_total") < float64(n) {
 			if time.Since(start) > 10*time.Minute {
@@ -149,7 +149,7 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 	for b.Loop() {
 		e := newEnv(b, lost)
 		f := e.collectFacts()
-		_, reg, stop := e.start(Config{Partitions: testPartitions, LostAfter: lost})
+		_, reg, stop := e.start(Config{PartitionCount: testPartitions, LostAfter: lost})
 		e.reading("warmup")
 		start := time.Now()
 		at := appendReadingsOver(b, e.nats.JS, n, spread)
@@ -206,7 +206,7 @@ func BenchmarkWrittenMap(b *testing.B) {
 	n := benchSize(1_000_000)
 	const parts = 16
 	for b.Loop() {
-		w := &Watchdog{cfg: Config{Partitions: parts, LostAfter: time.Hour}, parts: map[int]*partState{}}
+		w := &Watchdog{cfg: Config{PartitionCount: parts, LostAfter: time.Hour}, parts: map[int]*partState{}}
 		empty := map[string]time.Duration{}
 		w.overrides.Store(&empty)
 		for p := range parts {

@@ -50,8 +50,8 @@ func runChild() int {
 		return 1
 	}
 	defer pg.Close()
-	w, err := New(Config{Partitions: testPartitions, LostAfter: lostAfter},
-		Deps{JS: js, PG: pg, Log: log, Reg: prometheus.NewRegistry(),
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+		Deps{JS: js, PG: pg, Logger: log, Registerer: prometheus.NewRegistry(),
 			Lag: RabbitLag(os.Getenv("LOCKS_TEST_CHILD_AMQP"), os.Getenv("LOCKS_TEST_CHILD_QUEUE"), 0, 50*time.Millisecond)})
 	if err != nil {
 		log.Error("child", "err", err)
@@ -104,7 +104,7 @@ func TestCrashAfterFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, err := kvs.GetLastMsgForSubject(t.Context(), kvPrefix+keyOf("crashy", testPartitions)); err != nil || m.Header.Get(jetstream.MarkerReasonHeader) != "MaxAge" {
+	if m, err := kvs.GetLastMsgForSubject(t.Context(), natsx.LivenessKeySubject(keyOf("crashy", testPartitions))); err != nil || m.Header.Get(jetstream.MarkerReasonHeader) != "MaxAge" {
 		t.Fatalf("key after the crash: %v %v, want the unsettled marker", m, err)
 	}
 	kv, err := e.nats.JS.KeyValue(t.Context(), natsx.LivenessBucket)

@@ -177,11 +177,11 @@ func (e *env) reading(sensor string) time.Time {
 // start runs a watchdog until the returned stop is called (or the test ends).
 func (e *env) start(cfg Config) (*Watchdog, *prometheus.Registry, func()) {
 	e.t.Helper()
-	if cfg.Partitions == 0 {
-		cfg.Partitions = testPartitions
+	if cfg.PartitionCount == 0 {
+		cfg.PartitionCount = testPartitions
 	}
 	reg := prometheus.NewRegistry()
-	w, err := New(cfg, Deps{JS: e.nats.JS, PG: e.pg, Log: testenv.Logger(e.t), Reg: reg, Lag: e.lag})
+	w, err := New(cfg, Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(e.t), Registerer: reg, Lag: e.lag})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -6,19 +6,32 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
-// MaxHoldDefault bounds how long an expiry is held while the pipeline is behind: a quarter
-// of the default lost_after. A bridge restart or an ordinary backlog drains well within it;
-// a sensor that really went silent during a longer outage, or behind a backlog that does not
-// drain, is then reported at most this much late, rather than never.
-const MaxHoldDefault = 15 * time.Minute
+// candidate is an expiry seen and not yet settled.
+type candidate struct {
+	rev uint64    // KV revision of the marker (or of what the sweep found; 0: no message)
+	at  time.Time // server time of the marker
+	// expect: the key must still be at rev when we write it (always, but for a hand-made
+	// candidate in tests).
+	expect bool
+	// heldSince is when this process first held the sensor's expiry (set by addCandidate).
+	// It counts from here, not from the marker, so that markers replayed after a restart
+	// into a backlog are held for MaxHold like fresh ones.
+	heldSince time.Time
+	// overdue: settled because it was held for MaxHold, not because the pipeline caught up.
+	overdue bool
+}
 
+// declareBurstWait lets a burst of markers gather into one declare round.
+const declareBurstWait = 20 * time.Millisecond
+
+// addCandidate holds an expiry of sensor and wakes the declare loop.
 func (w *Watchdog) addCandidate(sensor string, c candidate) {
 	now := time.Now()
 	w.mu.Lock()
@@ -40,6 +53,15 @@ func (w *Watchdog) addCandidate(sensor string, c candidate) {
 	}
 }
 
+// supersede drops the expiry held for sensor when the key has a newer value (revision rev).
+func (w *Watchdog) supersede(sensor string, rev uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c, ok := w.held[sensor]; ok && c.rev != 0 && c.rev < rev {
+		delete(w.held, sensor)
+	}
+}
+
 // declareLoop examines the held expiries whenever one arrives and every HoldCheckEvery.
 func (w *Watchdog) declareLoop(ctx context.Context) error {
 	t := time.NewTicker(w.cfg.HoldCheckEvery)
@@ -50,43 +72,12 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		case <-w.wake:
-			// Let a burst of markers gather into one round.
-			sleep(ctx, 20*time.Millisecond)
+			backoff.Sleep(ctx, declareBurstWait)
 		}
 		if err := w.declareRound(ctx); err != nil && ctx.Err() == nil {
 			w.log.Warn("examining expiries", "err", err)
 		}
 	}
-}
-
-func (w *Watchdog) upstreamBehind(ctx context.Context) bool {
-	behind, err := w.lag(ctx)
-	now := time.Now()
-	w.lagMu.Lock()
-	defer w.lagMu.Unlock()
-	if err != nil {
-		if !w.lagErr {
-			w.log.Warn("upstream lag unknown; holding expiries", "err", err)
-		}
-		w.lagErr, behind = true, true
-	} else if w.lagErr {
-		w.lagErr = false
-		w.log.Info("upstream lag known again")
-	}
-	// NATS itself was away: the bridge could not append either, and what it holds now
-	// (unacked in RabbitMQ, so not counted as ready) is on its way in. Count it as behind.
-	if nc := w.js.Conn(); nc.Status() != nats.CONNECTED {
-		behind = true
-	} else if r := nc.Stats().Reconnects; r != w.reconnects {
-		w.reconnects = r
-		w.log.Info("NATS reconnected; holding expiries for the catch-up grace", "grace", w.cfg.CatchUpGrace)
-		behind = true
-	}
-	if behind {
-		w.lastBehind = now
-		return true
-	}
-	return !w.lastBehind.IsZero() && now.Sub(w.lastBehind) < w.cfg.CatchUpGrace
 }
 
 // caughtUp reports, per partition, the stored time up to which every reading has refreshed
@@ -95,9 +86,7 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 	out := map[int]int64{}
 	for p := range parts {
 		ps := w.parts[p]
-		ps.mu.Lock()
-		cons := ps.cons
-		ps.mu.Unlock()
+		cons := ps.consumer()
 		if cons == nil {
 			out[p] = 0
 			continue
@@ -127,7 +116,7 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 // restored when that reading comes through.
 func (w *Watchdog) declareRound(ctx context.Context) error {
 	// Asked every round, so that a recovery is seen even while nothing is held.
-	behind := w.upstreamBehind(ctx)
+	behind := w.upstream.behind(ctx)
 	now := time.Now()
 	w.mu.Lock()
 	if len(w.held) == 0 {
@@ -139,7 +128,7 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	parts := map[int]bool{}
 	if !behind {
 		for s := range w.held {
-			parts[partition.Of(s, w.cfg.Partitions)] = true
+			parts[partition.Of(s, w.cfg.PartitionCount)] = true
 		}
 	}
 	w.mu.Unlock()
@@ -158,7 +147,7 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	w.mu.Lock()
 	for s, c := range w.held {
 		// Due: its partition has applied every reading stored before it, upstream too.
-		due := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.Partitions)]
+		due := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.PartitionCount)]
 		c.overdue = !due && now.Sub(c.heldSince) >= w.cfg.MaxHold
 		if due || c.overdue {
 			jobs = append(jobs, job{s, c})

@@ -3,11 +3,64 @@ package watchdog
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
+
+// LagFunc tells whether the pipeline upstream of READINGS (the bridge and its RabbitMQ
+// queue) is behind: readings exist that are not in the log yet. An error counts as behind.
+type LagFunc func(ctx context.Context) (behind bool, err error)
+
+// upstream tells whether held expiries must wait for the pipeline: while the Lag hook says
+// behind (or fails), while our NATS connection is down or has just come back, and for the
+// catch-up grace after any of these. Only the declare loop uses it, so it has no lock.
+type upstream struct {
+	lag   LagFunc
+	nc    *nats.Conn
+	grace time.Duration
+	log   *slog.Logger
+
+	lastBehind time.Time // when the upstream was last seen behind
+	lagErr     bool      // whether the last ask of lag failed
+	reconnects uint64    // nc's reconnect count when last looked
+}
+
+func newUpstream(lag LagFunc, nc *nats.Conn, grace time.Duration, log *slog.Logger) *upstream {
+	return &upstream{lag: lag, nc: nc, grace: grace, log: log, reconnects: nc.Stats().Reconnects}
+}
+
+// behind is asked once per declare round.
+func (u *upstream) behind(ctx context.Context) bool {
+	behind, err := u.lag(ctx)
+	now := time.Now()
+	if err != nil {
+		if !u.lagErr {
+			u.log.Warn("upstream lag unknown; holding expiries", "err", err)
+		}
+		u.lagErr, behind = true, true
+	} else if u.lagErr {
+		u.lagErr = false
+		u.log.Info("upstream lag known again")
+	}
+	// NATS itself was away: the bridge could not append either, and what it holds now
+	// (unacked in RabbitMQ, so not counted as ready) is on its way in. Count it as behind.
+	if u.nc.Status() != nats.CONNECTED {
+		behind = true
+	} else if r := u.nc.Stats().Reconnects; r != u.reconnects {
+		u.reconnects = r
+		u.log.Info("NATS reconnected; holding expiries for the catch-up grace", "grace", u.grace)
+		behind = true
+	}
+	if behind {
+		u.lastBehind = now
+		return true
+	}
+	return !u.lastBehind.IsZero() && now.Sub(u.lastBehind) < u.grace
+}
 
 // RabbitLag is a LagFunc over the RabbitMQ queue the bridge drains: the upstream is behind
 // when the queue has no consumer (the bridge is down) or more than maxReady messages ready
@@ -23,6 +76,7 @@ type rabbitLag struct {
 	maxReady   int
 	cacheFor   time.Duration
 
+	// mu guards the connection and the cached answer: a LagFunc may be shared.
 	mu     sync.Mutex
 	conn   *amqp.Connection
 	at     time.Time

@@ -1,8 +1,6 @@
 package watchdog
 
 import (
-	"math"
-	"strings"
 	"time"
 
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -19,14 +17,14 @@ const shrinkMin = 1024
 func (w *Watchdog) pruneWritten(now time.Time) {
 	cut := now.Unix()
 	for _, ps := range w.parts {
-		ps.writtenMu.Lock()
+		ps.mu.Lock()
 		for s, d := range ps.written {
 			if int64(d) < cut {
 				delete(ps.written, s)
 			}
 		}
 		ps.written, ps.writtenPeak = shrunk(ps.written, ps.writtenPeak)
-		ps.writtenMu.Unlock()
+		ps.mu.Unlock()
 	}
 }
 
@@ -48,46 +46,24 @@ func shrunk[K comparable, V any](m map[K]V, peak int) (map[K]V, int) {
 // forget drops a declared sensor's refresh deadline: its next reading restores it and
 // must write its key.
 func (w *Watchdog) forget(sensor string) {
-	ps, ok := w.parts[partition.Of(sensor, w.cfg.Partitions)]
+	ps, ok := w.parts[partition.Of(sensor, w.cfg.PartitionCount)]
 	k, valid := keyOfSensor(sensor)
 	if !ok || !valid {
 		return
 	}
-	ps.writtenMu.Lock()
+	ps.mu.Lock()
 	delete(ps.written, k)
 	ps.written, ps.writtenPeak = shrunk(ps.written, ps.writtenPeak)
-	ps.writtenMu.Unlock()
+	ps.mu.Unlock()
 }
 
 // writtenLen is the number of refresh deadlines remembered, over the owned partitions.
 func (w *Watchdog) writtenLen() int {
 	n := 0
 	for _, ps := range w.parts {
-		ps.writtenMu.Lock()
+		ps.mu.Lock()
 		n += len(ps.written)
-		ps.writtenMu.Unlock()
+		ps.mu.Unlock()
 	}
 	return n
-}
-
-// sensorKey is a sensor id (1 to 16 ASCII letters and digits, CONTRACT.md) padded with
-// zeros: a map key that needs no string of its own and holds no pointer.
-type sensorKey [16]byte
-
-// keyOfSensor is the key of id, if id fits one: at most 16 bytes and no zero byte, so two
-// ids never share a key (the envelope checks refuse other ids anyway).
-func keyOfSensor(id string) (sensorKey, bool) {
-	var k sensorKey
-	if len(id) == 0 || len(id) > len(k) || strings.IndexByte(id, 0) >= 0 {
-		return k, false
-	}
-	copy(k[:], id)
-	return k, true
-}
-
-// ceilSeconds is unix nanoseconds as unix seconds rounded up, in the uint32 a deadline is
-// kept in (good until 2106; anything outside is clamped, which only costs a key write).
-func ceilSeconds(ns int64) uint32 {
-	s := (ns + int64(time.Second) - 1) / int64(time.Second)
-	return uint32(min(max(s, 0), math.MaxUint32))
 }

@@ -50,9 +50,9 @@ func TestWrittenPruned(t *testing.T) {
 	// Each partition's map held over shrinkMin entries; once remade it is sized for what
 	// it held then, under shrinkMin (smaller maps are not worth remaking).
 	for p, ps := range w.parts {
-		ps.writtenMu.Lock()
+		ps.mu.Lock()
 		peak := ps.writtenPeak
-		ps.writtenMu.Unlock()
+		ps.mu.Unlock()
 		if peak >= shrinkMin {
 			t.Errorf("partition %d: map not remade after the churn (sized for %d entries, holds %d)", p, peak, w.writtenLen())
 		}
@@ -63,35 +63,4 @@ func TestWrittenPruned(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the fresh sensor's next reading to be coalesced", func() bool {
 		return counter(t, reg, "locks_watchdog_refreshes_coalesced_total") > before
 	})
-}
-
-// needsRefresh keeps its deadlines in whole seconds; a key must still never stand for a
-// reading more than the slack (lost_after/4) older than the last one, whatever the rounding.
-func TestNeedsRefreshRounding(t *testing.T) {
-	t.Parallel()
-	w := &Watchdog{cfg: Config{Partitions: 1, LostAfter: time.Hour}}
-	empty := map[string]time.Duration{}
-	w.overrides.Store(&empty)
-	ps := &partState{}
-	t0 := time.Date(2026, 11, 22, 10, 0, 0, 300_000_000, time.UTC) // not on a second
-	for _, c := range []struct {
-		after time.Duration // receive time after t0
-		want  bool
-	}{
-		{0, true},
-		{time.Millisecond, false},
-		{15*time.Minute - 701*time.Millisecond, false}, // under the slack, even counted from the rounded-up deadline
-		{15 * time.Minute, true},                       // the slack: written
-		{15*time.Minute + time.Second, false},
-		{15*time.Minute - 2*time.Second, true}, // older than the key's reading by more than the rounding: written
-		{30*time.Minute - 3*time.Second, false},
-		{30*time.Minute - 2*time.Second, true},
-	} {
-		if got := w.needsRefresh(ps, "s1", t0.Add(c.after)); got != c.want {
-			t.Errorf("reading at t0+%s: needsRefresh %v, want %v", c.after, got, c.want)
-		}
-	}
-	if got := w.needsRefresh(ps, "a-name-longer-than-16", t0); !got || len(ps.written) != 1 {
-		t.Errorf("an id that is no sensor key: needsRefresh %v and %d entries, want written and not remembered", got, len(ps.written))
-	}
 }

@@ -24,9 +24,7 @@ func (w *Watchdog) appliedUpTo(ctx context.Context) (map[int]uint64, error) {
 	out := map[int]uint64{}
 	for p, ps := range w.parts {
 		out[p] = ps.doneSeq.Load()
-		ps.mu.Lock()
-		cons := ps.cons
-		ps.mu.Unlock()
+		cons := ps.consumer()
 		if cons == nil {
 			continue
 		}
@@ -61,7 +59,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	rows, err := w.pg.Query(ctx, `SELECT sensor_id, partition, last_seen, last_seq FROM sensor_state
-		WHERE connection = 'online' AND partition = ANY($1)`, []int(w.cfg.Owned))
+		WHERE connection = 'online' AND partition = ANY($1)`, []int(w.cfg.Partitions))
 	if err != nil {
 		return 0, fmt.Errorf("read sensor_state: %w", err)
 	}

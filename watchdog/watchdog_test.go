@@ -2,6 +2,8 @@ package watchdog
 
 import (
 	"encoding/json"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -107,8 +110,8 @@ func TestSettleIsIdempotent(t *testing.T) {
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
 	// Not running: settle is driven by hand.
-	w, err := New(Config{Partitions: testPartitions, LostAfter: lostAfter},
-		Deps{JS: e.nats.JS, PG: e.pg, Log: testenv.Logger(t), Reg: prometheus.NewRegistry(), Lag: e.lag})
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,9 +333,9 @@ func TestNewRefusesBadInput(t *testing.T) {
 		cfg  Config
 		deps Deps
 	}{
-		{"no deps", Config{Partitions: 1, LostAfter: time.Second}, Deps{}},
-		{"lost_after under a second", Config{Partitions: 1, LostAfter: 500 * time.Millisecond}, Deps{}},
-		{"owned partition out of range", Config{Partitions: 2, Owned: []int{2}, LostAfter: time.Second}, Deps{}},
+		{"no deps", Config{PartitionCount: 1, LostAfter: time.Second}, Deps{}},
+		{"lost_after under a second", Config{PartitionCount: 1, LostAfter: 500 * time.Millisecond}, Deps{}},
+		{"owned partition out of range", Config{PartitionCount: 2, Partitions: []int{2}, LostAfter: time.Second}, Deps{}},
 		{"no partitions", Config{LostAfter: time.Second}, Deps{}},
 	}
 	for _, c := range cases {
@@ -342,23 +345,10 @@ func TestNewRefusesBadInput(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestTTLFor(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		left, want time.Duration
-	}{
-		{3 * time.Second, 3 * time.Second},
-		{2900 * time.Millisecond, 3 * time.Second},
-		{3001 * time.Millisecond, 4 * time.Second},
-		{0, time.Second},
-		{-time.Hour, time.Second},
-	}
-	for _, c := range cases {
-		if got := ttlFor(c.left); got != c.want {
-			t.Errorf("ttlFor(%s) = %s, want %s", c.left, got, c.want)
-		}
+	// A missing dependency fails as in every part, naming each one.
+	_, err := New(Config{PartitionCount: 1, LostAfter: time.Second}, Deps{})
+	if !errors.Is(err, part.ErrMissingDep) || !strings.Contains(err.Error(), "watchdog: missing dependency: Logger, Registerer, JS, PG, Lag") {
+		t.Errorf("New without deps: %v, want part.ErrMissingDep naming Logger, Registerer, JS, PG, Lag", err)
 	}
 }
 
@@ -368,8 +358,8 @@ func TestPartitionsSplitBetweenProcesses(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
-	_, regA, _ := e.start(Config{Owned: []int{0, 1}, LostAfter: lostAfter})
-	_, regB, _ := e.start(Config{Owned: []int{2, 3}, LostAfter: lostAfter})
+	_, regA, _ := e.start(Config{Partitions: []int{0, 1}, LostAfter: lostAfter})
+	_, regB, _ := e.start(Config{Partitions: []int{2, 3}, LostAfter: lostAfter})
 	sensors := []string{"a1", "b2", "c3", "d4", "e5", "f6", "g7", "h8"}
 	lasts := map[string]time.Time{}
 	for _, s := range sensors {

@@ -153,9 +153,9 @@ func buildPart(name string, d deps) (runner, error) {
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
 		// beyond the bridge's prefetch window; expiries wait for it.
-		return watchdog.New(watchdog.Config{Partitions: d.cfg.Partitions, Owned: d.partitions, LostAfter: d.cfg.LostAfter, SweepEvery: d.cfg.WatchdogSweep,
+		return watchdog.New(watchdog.Config{PartitionCount: d.cfg.Partitions, Partitions: d.partitions, LostAfter: d.cfg.LostAfter, SweepEvery: d.cfg.WatchdogSweep,
 			MaxHold: d.cfg.WatchdogMaxHold},
-			watchdog.Deps{JS: d.js, PG: d.pg, Log: d.log, Reg: d.reg,
+			watchdog.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg,
 				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond)})
 	case "api":
 		hist, err := history.New(d.ch)

@@ -48,6 +48,15 @@ func DeliveriesSubject(clientID string) string { return "deliveries." + clientID
 // ReadingsSubject is the subject a publisher appends a sensor's message to.
 func ReadingsSubject(sensorID string) string { return ReadingsIn + sensorID }
 
+// ReadingsStoredSubject is where READINGS stores a sensor's messages, in its partition p.
+func ReadingsStoredSubject(p int, sensorID string) string {
+	return "readings." + strconv.Itoa(p) + "." + sensorID
+}
+
+// LivenessKeySubject is the subject of a key (or, with a wildcard, of keys) in the
+// liveness bucket, as the bucket's stream stores it.
+func LivenessKeySubject(key string) string { return "$KV." + LivenessBucket + "." + key }
+
 // ReadingsPartitionFilter is the stored subjects of one partition.
 func ReadingsPartitionFilter(p int) string { return "readings." + strconv.Itoa(p) + ".*" }
 

@@ -43,7 +43,7 @@ func TestPartitionMatchesServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := string(m.Data)
-		want := fmt.Sprintf("readings.%d.%s", partition.Of(id, n), id)
+		want := natsx.ReadingsStoredSubject(partition.Of(id, n), id)
 		if m.Subject != want {
 			t.Fatalf("server stored %q as %s, partition.Of says %s", id, m.Subject, want)
 		}
@@ -75,5 +75,31 @@ func TestDeclareIdempotentAndRefusesRepartition(t *testing.T) {
 	}
 	if st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.SubjectDeleteMarkerTTL <= 0 {
 		t.Fatal("liveness bucket has no limit markers")
+	}
+}
+
+// LivenessKeySubject must name the subject under which the bucket's stream stores a key, or
+// the watchdog would watch, read and write subjects that are no key of the bucket.
+func TestLivenessKeySubject(t *testing.T) {
+	t.Parallel()
+	env := testenv.NATS(t)
+	ctx := t.Context()
+	if err := natsx.Declare(ctx, env.JS, natsx.StreamsConfig{Partitions: 4, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := env.JS.KeyValue(ctx, natsx.LivenessBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "3.door0", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := env.JS.Stream(ctx, "KV_"+natsx.LivenessBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, natsx.LivenessKeySubject("3.door0"))
+	if err != nil || string(m.Data) != "v" {
+		t.Fatalf("key 3.door0 at %s: %v, %v; want the value put", natsx.LivenessKeySubject("3.door0"), m, err)
 	}
 }

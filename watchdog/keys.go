@@ -1,0 +1,98 @@
+package watchdog
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+)
+
+// kvStream is the stream behind the liveness bucket, read directly for markers and values.
+const kvStream = "KV_" + natsx.LivenessBucket
+
+// keyOf is a sensor's key: "<partition>.<sensor_id>", so that a process owning some
+// partitions watches only their keys.
+func keyOf(sensor string, partitions int) string {
+	return strconv.Itoa(partition.Of(sensor, partitions)) + "." + sensor
+}
+
+// kvSubject is the bucket subject of a sensor's key.
+func (w *Watchdog) kvSubject(sensor string) string {
+	return natsx.LivenessKeySubject(keyOf(sensor, w.cfg.PartitionCount))
+}
+
+// kvFilters are the bucket subjects of the owned partitions.
+func (w *Watchdog) kvFilters() []string {
+	if len(w.cfg.Partitions) == w.cfg.PartitionCount {
+		return []string{natsx.LivenessKeySubject(">")}
+	}
+	f := make([]string, 0, len(w.cfg.Partitions))
+	for _, p := range w.cfg.Partitions {
+		f = append(f, natsx.LivenessKeySubject(strconv.Itoa(p)+".*"))
+	}
+	return f
+}
+
+// sensorOfSubject is the sensor of a bucket subject, if it is one of an owned partition.
+func (w *Watchdog) sensorOfSubject(subj string) (string, bool) {
+	key, ok := strings.CutPrefix(subj, natsx.LivenessKeySubject(""))
+	if !ok {
+		return "", false
+	}
+	p, sensor, ok := strings.Cut(key, ".")
+	if !ok {
+		return "", false
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 0 || n >= w.cfg.PartitionCount || !w.owned[n] {
+		return "", false
+	}
+	return sensor, true
+}
+
+// encodeValue is a key's value. A refresh carries the reading's receive time and READINGS
+// sequence; a declared sensor's value (no TTL) carries "lost" and the same two, so a restart
+// does not declare it again and the sweep can compare.
+func encodeValue(received time.Time, seq uint64, lost bool) []byte {
+	b := make([]byte, 0, 64)
+	b = append(b, `{"received_ns":`...)
+	b = strconv.AppendInt(b, received.UnixNano(), 10)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	if lost {
+		b = append(b, `,"lost":true`...)
+	}
+	return append(b, '}')
+}
+
+// keyValue is encodeValue's JSON, decoded.
+type keyValue struct {
+	ReceivedNS int64  `json:"received_ns"`
+	Seq        uint64 `json:"seq"`
+	Lost       bool   `json:"lost"`
+}
+
+// sensorKey is a sensor id (1 to 16 ASCII letters and digits, CONTRACT.md) padded with
+// zeros: a map key that needs no string of its own and holds no pointer.
+type sensorKey [16]byte
+
+// keyOfSensor is the key of id, if id fits one: at most 16 bytes and no zero byte, so two
+// ids never share a key (the envelope checks refuse other ids anyway).
+func keyOfSensor(id string) (sensorKey, bool) {
+	var k sensorKey
+	if len(id) == 0 || len(id) > len(k) || strings.IndexByte(id, 0) >= 0 {
+		return k, false
+	}
+	copy(k[:], id)
+	return k, true
+}
+
+// ceilSeconds is unix nanoseconds as unix seconds rounded up, in the uint32 a deadline is
+// kept in (good until 2106; anything outside is clamped, which only costs a key write).
+func ceilSeconds(ns int64) uint32 {
+	s := (ns + int64(time.Second) - 1) / int64(time.Second)
+	return uint32(min(max(s, 0), math.MaxUint32))
+}

@@ -1,0 +1,43 @@
+package watchdog
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
+	coalesced                                                              prometheus.Counter
+	held, oldestHeld                                                       prometheus.Gauge
+	declaredAtMaxHold                                                      prometheus.Counter
+	delay, markerLag                                                       prometheus.Histogram
+}
+
+// newMetrics makes the watchdog's metrics and registers them on reg.
+func newMetrics(reg prometheus.Registerer) (metrics, error) {
+	m := metrics{
+		refreshes:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_total", Help: "Liveness keys refreshed by readings."}),
+		coalesced:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_coalesced_total", Help: "Readings whose key refresh was skipped: the key's deadline was within lost_after/4 of theirs."}),
+		expiries:         prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_total", Help: "Liveness key expiries (limit markers) seen."}),
+		facts:            prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_facts_total", Help: "liveness_timeout facts appended to READINGS."}),
+		refreshedOnCheck: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_refreshed_total", Help: "Expiries dropped because READINGS held a reading younger than lost_after (our own lag)."}),
+		alreadyDeclared:  prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_already_declared_total", Help: "Expiries dropped because the sensor's last message already is a liveness_timeout."}),
+		repairs:          prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_reconcile_repairs_total", Help: "Differences between sensor_state and liveness keys repaired by the sweep; should stay 0."}),
+		held:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiries", Help: "Expiries held until the pipeline is caught up."}),
+		oldestHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiry_oldest_seconds",
+			Help: "How long the oldest held expiry has been held (0: none); at LOCKS_WATCHDOG_MAX_HOLD it is declared despite the lag."}),
+		declaredAtMaxHold: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_declared_at_max_hold_total",
+			Help: "liveness_timeout facts appended while the pipeline was still behind, because the expiry had been held for LOCKS_WATCHDOG_MAX_HOLD."}),
+		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_declare_delay_seconds", Help: "From a sensor's deadline (last reading + lost_after) to its fact.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
+		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
+	}
+	for _, c := range []prometheus.Collector{m.refreshes, m.coalesced, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared, m.repairs, m.held, m.oldestHeld, m.declaredAtMaxHold, m.delay, m.markerLag} {
+		if err := reg.Register(c); err != nil {
+			return m, fmt.Errorf("watchdog metrics: %w", err)
+		}
+	}
+	return m, nil
+}
