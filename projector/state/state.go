@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -23,7 +24,6 @@ type Projector struct {
 	pg    *pgxpool.Pool
 	log   *slog.Logger
 	m     *metrics
-	wake  map[int]chan struct{}
 	relay *Relay
 	// refused are the partitions whose checkpoints do not belong to READINGS (checkpoint.go).
 	refused *refusals
@@ -37,22 +37,19 @@ func New(cfg Config, d Deps) (*Projector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d.JS == nil || d.PG == nil || d.Logger == nil || d.Registerer == nil {
-		return nil, errors.New("state projector: JS, PG, Log and Reg are required")
+	if err := part.Require("state projector", part.Dep{Name: "JS", Value: d.JS}, part.Dep{Name: "PG", Value: d.PG},
+		part.Dep{Name: "Logger", Value: d.Logger}, part.Dep{Name: "Registerer", Value: d.Registerer}); err != nil {
+		return nil, err
 	}
 	m, err := newMetrics(d.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m,
-		wake: make(map[int]chan struct{}, len(cfg.Partitions))}
-	for _, p := range cfg.Partitions {
-		s.wake[p] = make(chan struct{}, 1)
-	}
+	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m}
 	if s.setAside, err = setaside.NewRecorder(Name, d.JS, s.log, d.Registerer); err != nil {
 		return nil, err
 	}
-	s.relay, err = newRelay(cfg, d, s.wake)
+	s.relay, err = newRelay(cfg, d)
 	if err != nil {
 		return nil, err
 	}
@@ -82,9 +79,5 @@ func (s *Projector) Run(ctx context.Context) error {
 // READINGS (for /readyz): the error names the partitions and the way out.
 func (s *Projector) Ready(ctx context.Context) error { return s.refused.Ready(ctx) }
 
-func (s *Projector) nudge(p int) {
-	select {
-	case s.wake[p] <- struct{}{}:
-	default:
-	}
-}
+// nudge wakes partition p's relay after a commit wrote outbox rows.
+func (s *Projector) nudge(p int) { s.relay.wake(p) }
