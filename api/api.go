@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/lock-sensors/lock-sensors/internal/part"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -59,8 +60,8 @@ func (c Config) Validate() error {
 
 // Deps are what the API is built from.
 type Deps struct {
-	// DB is Postgres with the registry and the state projection.
-	DB DB
+	// PG is Postgres with the registry and the state projection.
+	PG DB
 	// Logger gets the API's log lines.
 	Logger *slog.Logger
 	// Registerer gets the API's metrics.
@@ -108,20 +109,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	switch {
-	case deps.DB == nil:
-		return nil, errors.New("api: Deps.DB is nil")
-	case deps.Logger == nil:
-		return nil, errors.New("api: Deps.Logger is nil")
-	case deps.Registerer == nil:
-		return nil, errors.New("api: Deps.Registerer is nil")
+	if err := part.Require("api", part.Dep{Name: "PG", Value: deps.PG}, part.Dep{Name: "Logger", Value: deps.Logger},
+		part.Dep{Name: "Registerer", Value: deps.Registerer}); err != nil {
+		return nil, err
 	}
 	m, err := newMetrics(deps.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, db: deps.DB, log: deps.Logger, resolver: deps.Resolver, history: deps.History, projections: deps.Projections, js: deps.JS,
+		cfg: cfg, db: deps.PG, log: deps.Logger, resolver: deps.Resolver, history: deps.History, projections: deps.Projections, js: deps.JS,
 		auth: newAuthenticator(cfg.Tokens), metrics: m,
 		mem: bufconn.Listen(1 << 20),
 	}

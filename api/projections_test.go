@@ -46,7 +46,7 @@ func newProjEnv(t *testing.T) *projEnv {
 		log := testenv.Logger(t)
 		r, err := rebuild.New(rebuild.Config{PartitionCount: projParts}, rebuild.Deps{JS: p.nats.JS, Logger: log, Projections: []rebuild.Projection{
 			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: projParts, ProgressEvery: 100 * time.Millisecond, BatchSize: 500},
-				Deps: state.RebuildDeps{JS: p.nats.JS, PG: d.DB.(*pgxpool.Pool), Logger: log}},
+				Deps: state.RebuildDeps{JS: p.nats.JS, PG: d.PG.(*pgxpool.Pool), Logger: log}},
 			history.Projection{Deps: history.RebuildDeps{JS: p.nats.JS, CH: p.ch, Logger: log}},
 		}})
 		if err != nil {

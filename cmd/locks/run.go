@@ -171,7 +171,7 @@ func buildPart(name string, d deps) (runner, error) {
 			return nil, err
 		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
-			api.Deps{DB: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
+			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
 				DeadLetters: notifier.NewDeadLetters(d.pg)})
 		if err != nil {
 			return nil, err
