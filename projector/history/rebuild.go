@@ -2,6 +2,7 @@ package history
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -94,6 +95,16 @@ type copier struct {
 // Run rebuilds the three history tables and swaps them in; it returns the suffix of the
 // kept old tables (<table>_old_<time>) as OldTable.
 func (r *Rebuild) Run(ctx context.Context) (rebuild.Result, error) {
+	res, err := r.run(ctx)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		// Stopped: the driver reports a cancelled INSERT as whatever its cut connection
+		// said; the cause is the stop, and callers match it with errors.Is.
+		err = fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	return res, err
+}
+
+func (r *Rebuild) run(ctx context.Context) (rebuild.Result, error) {
 	start := time.Now()
 	var res rebuild.Result
 	streams := map[string]string{"readings": natsx.ReadingsStream, "events": natsx.EventsStream, "deliveries": natsx.DeliveriesStream}
