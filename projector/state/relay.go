@@ -66,8 +66,10 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 			Poll:       cfg.RelayPoll,
 			AckTimeout: cfg.PublishTimeout,
 			Backoff:    backoff.Policy{Min: retryMin, Max: retryMax},
-			Check:      func(ctx context.Context, rows []outbox.Row) ([]outbox.Row, []int64, error) { return r.check(ctx, p, rows) },
-			Published:  r.observe,
+			Check: func(ctx context.Context, rows []outbox.Row) ([]outbox.Row, []int64, error) {
+				return r.check(ctx, p, rows)
+			},
+			Published: r.observe,
 		}, outbox.Deps{Logger: d.Logger, JS: d.JS, PG: d.PG,
 			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"outbox": "events", "partition": strconv.Itoa(p)}, d.Registerer)})
 		if err != nil {
