@@ -42,7 +42,20 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pen
 			return
 		}
 		unacked = 0
-		sess.acked(ctx, lastTag, sess.firstFresh.Load())
+		sess.heartbeat(ctx)
+	}
+	// An idle acker still keeps its session's record alive (see identity.go).
+	tick := time.NewTicker(heartbeatEvery)
+	defer tick.Stop()
+	wait := func() (item, bool) {
+		for {
+			select {
+			case it, ok := <-pending:
+				return it, ok
+			case <-tick.C:
+				sess.heartbeat(ctx)
+			}
+		}
 	}
 	for {
 		var it item
@@ -51,7 +64,7 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pen
 		case it, ok = <-pending:
 		default:
 			flush() // nothing more to resolve right now
-			it, ok = <-pending
+			it, ok = wait()
 		}
 		if !ok {
 			break

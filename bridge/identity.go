@@ -36,7 +36,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,22 +66,30 @@ func natsMsgID(sensorID, messageID, origin string) string {
 	return "o:" + origin
 }
 
+// A session rewrites its record at least every heartbeatEvery, so that a record untouched
+// for staleAfter belongs to a session that died that long ago. RabbitMQ requeues a dead
+// session's unacked messages within seconds (at worst two AMQP heartbeats), and the
+// requeued messages go to the head of the queue: a session that has itself been consuming
+// for staleAfter has seen them come back by then, and deletes the stale record, so that
+// look-backs reach no further than they must.
+const (
+	heartbeatEvery = 30 * time.Second
+	staleAfter     = 10 * time.Minute
+)
+
 // session is one AMQP session's identity and its record in the bridge_sessions bucket.
+// record, heartbeat and prune run on the acker's goroutine only; appended on the reader's.
 type session struct {
-	id string
-	kv jetstream.KeyValue
-	js jetstream.JetStream
-	// others are the records of earlier sessions seen at the start: once this session has
-	// acked every message RabbitMQ requeued before it started consuming, nothing they
-	// appended can come back, and their records are deleted so that later checks look back
-	// no further than they must.
-	others []string
+	id      string
+	kv      jetstream.KeyValue
+	js      jetstream.JetStream
+	started time.Time
+	// last is the record last written, rewritten unchanged by heartbeat; lastPut its time.
+	last      sessionRecord
+	lastPut   time.Time
+	lastPrune time.Time
 	// claimed are the origins of readings already matched with a redelivery by this session.
 	claimed map[string]bool
-	// firstFresh is the tag of the first delivery without the redelivered flag (0: none yet),
-	// set by the reader and read by the acker.
-	firstFresh atomic.Uint64
-	pruned     bool
 }
 
 func newSessionID() string {
@@ -91,19 +98,14 @@ func newSessionID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// startSession opens the bucket, notes the records of earlier sessions and writes this
-// session's first record before anything is consumed.
+// startSession opens the bucket and writes this session's first record before anything is
+// consumed.
 func startSession(ctx context.Context, js jetstream.JetStream, now time.Time) (*session, error) {
 	kv, err := js.KeyValue(ctx, natsx.BridgeSessionsBucket)
 	if err != nil {
 		return nil, fmt.Errorf("open KV bucket %s: %w", natsx.BridgeSessionsBucket, err)
 	}
-	s := &session{id: newSessionID(), kv: kv, js: js, claimed: map[string]bool{}}
-	keys, err := kv.Keys(ctx)
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, fmt.Errorf("list bridge sessions: %w", err)
-	}
-	s.others = keys
+	s := &session{id: newSessionID(), kv: kv, js: js, started: now, lastPrune: now, claimed: map[string]bool{}}
 	if err := s.record(ctx, 0, now); err != nil {
 		return nil, err
 	}
@@ -112,23 +114,42 @@ func startSession(ctx context.Context, js jetstream.JetStream, now time.Time) (*
 
 // record writes that the session is about to ack every delivery up to tag.
 func (s *session) record(ctx context.Context, tag uint64, since time.Time) error {
-	b, _ := json.Marshal(sessionRecord{Acked: tag, Since: since.UTC()})
+	r := sessionRecord{Acked: tag, Since: since.UTC()}
+	b, _ := json.Marshal(r)
 	if _, err := s.kv.Put(ctx, s.id, b); err != nil {
 		return fmt.Errorf("record bridge session %s at tag %d: %w", s.id, tag, err)
 	}
+	s.last, s.lastPut = r, time.Now()
 	return nil
 }
 
-// acked is told, after an ack, the highest tag acked: once it covers every delivery before
-// the first fresh one, the earlier sessions' records are no longer needed.
-func (s *session) acked(ctx context.Context, tag uint64, fresh uint64) {
-	if s.pruned || fresh == 0 || tag+1 < fresh {
+// heartbeat rewrites the last record, unchanged, when it is older than heartbeatEvery, and
+// now and then deletes other sessions' stale records. Failures only cost a longer look-back
+// elsewhere; they are retried at the next call.
+func (s *session) heartbeat(ctx context.Context) {
+	now := time.Now()
+	if now.Sub(s.lastPut) >= heartbeatEvery {
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = s.record(hctx, s.last.Acked, s.last.Since)
+		cancel()
+	}
+	if now.Sub(s.lastPrune) < heartbeatEvery || now.Sub(s.started) < staleAfter {
 		return
 	}
-	s.pruned = true
-	for _, k := range s.others {
-		// Best effort: a record left behind costs only a longer look-back.
-		_ = s.kv.Delete(ctx, k)
+	s.lastPrune = now
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	keys, err := s.kv.Keys(pctx)
+	if err != nil {
+		return
+	}
+	for _, k := range keys {
+		if k == s.id {
+			continue
+		}
+		if e, err := s.kv.Get(pctx, k); err == nil && now.Sub(e.Created()) > staleAfter {
+			_ = s.kv.Delete(pctx, k)
+		}
 	}
 }
 

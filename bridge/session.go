@@ -127,9 +127,6 @@ read:
 				readErr = errors.New("RabbitMQ channel closed")
 				break read
 			}
-			if !d.Redelivered {
-				sess.firstFresh.CompareAndSwap(0, d.DeliveryTag)
-			}
 			it := b.handle(ctx, pub, d, ord, sess)
 			b.m.inFlight.Inc()
 			pending <- it // bounded: blocks while MaxInFlight messages await their ack

@@ -71,7 +71,7 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 			},
 			Published: r.observe,
 		}, outbox.Deps{Logger: d.Logger, JS: d.JS, PG: d.PG,
-			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"outbox": "events", "partition": strconv.Itoa(p)}, d.Registerer)})
+			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"outbox": "events_p" + strconv.Itoa(p)}, d.Registerer)})
 		if err != nil {
 			return nil, err
 		}
