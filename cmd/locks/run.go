@@ -240,6 +240,9 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	natsURL := cfg.NATSURL
 	var embedded *server.Server
 	if natsURL == "" {
+		if cfg.NATSReplicas > 1 {
+			return &config.Error{Var: "LOCKS_NATS_REPLICAS", Value: fmt.Sprint(cfg.NATSReplicas), Reason: "the embedded NATS server is one server; set LOCKS_NATS_URL to a cluster for more replicas"}
+		}
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
 		}
@@ -259,12 +262,15 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
 	}
 	defer nc.Close()
+	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, LostAfter: cfg.LostAfter})
+	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(natsURL), err)
