@@ -240,9 +240,6 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	natsURL := cfg.NATSURL
 	var embedded *server.Server
 	if natsURL == "" {
-		if cfg.NATSReplicas > 1 {
-			return &config.Error{Var: "LOCKS_NATS_REPLICAS", Value: fmt.Sprint(cfg.NATSReplicas), Reason: "the embedded NATS server is one server; set LOCKS_NATS_URL to a cluster for more replicas"}
-		}
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
 		}

@@ -294,6 +294,15 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}
 	}
+	// JetStream on one server refuses more than one replica; say so before anything starts.
+	if c.NATSURL == "" && c.NATSReplicas > 1 {
+		name := "LOCKS_NATS_REPLICAS"
+		if set[FlagName(name)] {
+			name = "--" + FlagName(name)
+		}
+		return Config{}, &Error{Var: name, Value: strconv.Itoa(c.NATSReplicas),
+			Reason: "the embedded NATS server is one server; more replicas need LOCKS_NATS_URL pointing at a cluster"}
+	}
 	return c, nil
 }
 
