@@ -259,12 +259,15 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
 	}
 	defer nc.Close()
+	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, LostAfter: cfg.LostAfter})
+	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(natsURL), err)

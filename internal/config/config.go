@@ -48,6 +48,8 @@ type Config struct {
 	Pprof bool
 	// NATSSync is when the embedded NATS server syncs its store to disk.
 	NATSSync natsx.Sync
+	// NATSReplicas is how many NATS servers keep each stream and bucket the process creates.
+	NATSReplicas int
 	// ClockSkewMax is how far a reading's ts may be from its receive time before the bridge
 	// counts it in locks_bridge_clock_skew_total.
 	ClockSkewMax time.Duration
@@ -176,6 +178,14 @@ func settings() []setting {
 			c.NATSSync = s
 			return err
 		}},
+		{"LOCKS_NATS_REPLICAS", "1", "replicas of the streams and KV buckets created at start (existing ones keep theirs if higher); 3 or 5 on a NATS cluster", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 5 {
+				return errors.New("must be an integer from 1 to 5 (JetStream's limit)")
+			}
+			c.NATSReplicas = n
+			return nil
+		}},
 		{"LOCKS_CLOCK_SKEW_MAX", "5m", "distance between a reading's ts and its receive time beyond which it is counted as a skewed sensor clock", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
 		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state", str(func(c *Config) *string { return &c.DataDir })},
 		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /metrics, /healthz, /readyz", addr(func(c *Config) *string { return &c.HTTPAddr })},
@@ -283,6 +293,15 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		if err := s.set(&c, v); err != nil {
 			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}
+	}
+	// JetStream on one server refuses more than one replica; say so before anything starts.
+	if c.NATSURL == "" && c.NATSReplicas > 1 {
+		name := "LOCKS_NATS_REPLICAS"
+		if set[FlagName(name)] {
+			name = "--" + FlagName(name)
+		}
+		return Config{}, &Error{Var: name, Value: strconv.Itoa(c.NATSReplicas),
+			Reason: "the embedded NATS server is one server; more replicas need LOCKS_NATS_URL pointing at a cluster"}
 	}
 	return c, nil
 }

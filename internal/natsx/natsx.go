@@ -5,7 +5,6 @@
 package natsx
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
@@ -68,143 +66,9 @@ func EventsSubject(p int, sensorID string) string {
 // EventsPartitionFilter is the subjects of one partition of EVENTS.
 func EventsPartitionFilter(p int) string { return "events." + strconv.Itoa(p) + ".*" }
 
-// StreamsConfig is what Declare needs.
-type StreamsConfig struct {
-	Partitions int
-	// Duplicates is the window in which a repeated Nats-Msg-Id is recorded once (default 2m:
-	// long enough for RabbitMQ redeliveries and relay retries, short enough that a sensor
-	// repeating the very same body without message_id or ts is not merged for long).
-	Duplicates time.Duration
-	// Replicas is 1 for one server, 3 for a cluster.
-	Replicas int
-	// LostAfter is the liveness bucket's limit-marker TTL floor.
-	LostAfter time.Duration
-}
-
-// ErrIncompatible says an existing stream cannot be changed into the configured one.
-var ErrIncompatible = errors.New("existing stream is incompatible with the configuration")
-
-func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        ReadingsStream,
-		Description: "every sensor reading and liveness fact, partitioned by sensor",
-		Subjects:    []string{ReadingsIn + "*"},
-		SubjectTransform: &jetstream.SubjectTransformConfig{
-			Source:      ReadingsIn + "*",
-			Destination: fmt.Sprintf("readings.{{partition(%d,1)}}.{{wildcard(1)}}", c.Partitions),
-		},
-		Storage:    jetstream.FileStorage,
-		Retention:  jetstream.LimitsPolicy,
-		Duplicates: c.Duplicates,
-		Replicas:   c.Replicas,
-		// The watchdog reads each expiring sensor's last message; direct gets skip the API queue.
-		AllowDirect: true,
-	}
-}
-
-func deliveriesConfig(c StreamsConfig) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        DeliveriesStream,
-		Description: "every webhook attempt, for the history projector",
-		Subjects:    []string{"deliveries.*"},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      7 * 24 * time.Hour,
-		Duplicates:  c.Duplicates,
-		Replicas:    c.Replicas,
-	}
-}
-
-func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        EventsStream,
-		Description: "sensor events (state_changed, connection_lost, connection_restored)",
-		Subjects:    []string{"events.*.*"},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Duplicates:  c.Duplicates,
-		Replicas:    c.Replicas,
-	}
-}
-
-// Declare creates or updates READINGS, EVENTS, DELIVERIES, SET_ASIDE and the liveness bucket.
-func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
-	if c.Partitions < 1 {
-		return fmt.Errorf("partitions must be >= 1, got %d", c.Partitions)
-	}
-	if c.Replicas < 1 {
-		c.Replicas = 1
-	}
-	if c.Duplicates <= 0 {
-		c.Duplicates = 2 * time.Minute
-	}
-	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
-		if err := declareStream(ctx, js, want); err != nil {
-			return err
-		}
-	}
-	// A marker must outlive an outage of the watchdog, which settles and overwrites it.
-	marker := max(c.LostAfter, 24*time.Hour)
-	_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:         LivenessBucket,
-		Description:    "one key per sensor, refreshed by each reading, expiring after lost_after",
-		History:        1,
-		Storage:        jetstream.FileStorage,
-		Replicas:       c.Replicas,
-		LimitMarkerTTL: marker,
-	})
-	if err != nil {
-		return fmt.Errorf("declare KV bucket %s: %w", LivenessBucket, err)
-	}
-	_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BridgeSessionsBucket,
-		Description: "per bridge session, the last AMQP delivery tag it acked (or is acking)",
-		History:     1,
-		TTL:         BridgeSessionsTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
-	})
-	if err != nil {
-		return fmt.Errorf("declare KV bucket %s: %w", BridgeSessionsBucket, err)
-	}
-	return nil
-}
-
 // ReadingsSensorFilter is the stored subject of one sensor's READINGS messages, whatever
 // its partition.
 func ReadingsSensorFilter(sensorID string) string { return "readings.*." + sensorID }
-
-func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) error {
-	s, err := js.Stream(ctx, want.Name)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		if _, err := js.CreateStream(ctx, want); err != nil {
-			return fmt.Errorf("create stream %s: %w", want.Name, err)
-		}
-		return nil
-	case err != nil:
-		return fmt.Errorf("look up stream %s: %w", want.Name, err)
-	}
-	have := s.CachedInfo().Config
-	if (have.SubjectTransform == nil) != (want.SubjectTransform == nil) ||
-		(have.SubjectTransform != nil && *have.SubjectTransform != *want.SubjectTransform) {
-		return fmt.Errorf("%w: stream %s maps subjects %v, the configuration wants %v; "+
-			"changing the partition count would move sensors between partitions. Keep "+
-			"LOCKS_PARTITIONS as it was, or replay into a new stream", ErrIncompatible, want.Name,
-			transformString(have.SubjectTransform), transformString(want.SubjectTransform))
-	}
-	if _, err := js.UpdateStream(ctx, want); err != nil {
-		return fmt.Errorf("%w: update stream %s: %v", ErrIncompatible, want.Name, err)
-	}
-	return nil
-}
-
-func transformString(t *jetstream.SubjectTransformConfig) string {
-	if t == nil {
-		return "(none)"
-	}
-	return t.Source + " → " + t.Destination
-}
 
 // Sync is when the embedded JetStream store calls fsync: after every write (Always), or in
 // the background every Interval. Between two syncs an append JetStream has acknowledged is

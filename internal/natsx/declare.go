@@ -1,0 +1,230 @@
+package natsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamsConfig is what Declare needs.
+type StreamsConfig struct {
+	Partitions int
+	// Duplicates is the window in which a repeated Nats-Msg-Id is recorded once (default 2m:
+	// long enough for RabbitMQ redeliveries and relay retries, short enough that a sensor
+	// repeating the very same body without message_id or ts is not merged for long).
+	Duplicates time.Duration
+	// Replicas is how many servers keep each stream and bucket Declare creates
+	// (LOCKS_NATS_REPLICAS): 1 for one server, 3 for a cluster. An existing stream with
+	// more keeps them.
+	Replicas int
+	// LostAfter is the liveness bucket's limit-marker TTL floor.
+	LostAfter time.Duration
+}
+
+// ErrIncompatible says an existing stream cannot be changed into the configured one.
+var ErrIncompatible = errors.New("existing stream is incompatible with the configuration")
+
+func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        ReadingsStream,
+		Description: "every sensor reading and liveness fact, partitioned by sensor",
+		Subjects:    []string{ReadingsIn + "*"},
+		SubjectTransform: &jetstream.SubjectTransformConfig{
+			Source:      ReadingsIn + "*",
+			Destination: fmt.Sprintf("readings.{{partition(%d,1)}}.{{wildcard(1)}}", c.Partitions),
+		},
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		Duplicates: c.Duplicates,
+		Replicas:   c.Replicas,
+		// The watchdog reads each expiring sensor's last message; direct gets skip the API queue.
+		AllowDirect: true,
+	}
+}
+
+func deliveriesConfig(c StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        DeliveriesStream,
+		Description: "every webhook attempt, for the history projector",
+		Subjects:    []string{"deliveries.*"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      7 * 24 * time.Hour,
+		Duplicates:  c.Duplicates,
+		Replicas:    c.Replicas,
+	}
+}
+
+func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        EventsStream,
+		Description: "sensor events (state_changed, connection_lost, connection_restored)",
+		Subjects:    []string{"events.*.*"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  c.Duplicates,
+		Replicas:    c.Replicas,
+	}
+}
+
+func livenessConfig(c StreamsConfig) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      LivenessBucket,
+		Description: "one key per sensor, refreshed by each reading, expiring after lost_after",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		// A marker must outlive an outage of the watchdog, which settles and overwrites it.
+		LimitMarkerTTL: max(c.LostAfter, 24*time.Hour),
+	}
+}
+
+func bridgeSessionsConfig(c StreamsConfig) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      BridgeSessionsBucket,
+		Description: "per bridge session, the last AMQP delivery tag it acked (or is acking)",
+		History:     1,
+		TTL:         BridgeSessionsTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+	}
+}
+
+// Declare creates READINGS, EVENTS, DELIVERIES, SET_ASIDE and the liveness and bridge_sessions
+// buckets that are missing. One that exists keeps what an operator set (replicas, limits,
+// placement, a longer duplicate window) and only gains what this system needs (see reconcile).
+func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
+	if c.Partitions < 1 {
+		return fmt.Errorf("partitions must be >= 1, got %d", c.Partitions)
+	}
+	if c.Replicas < 1 {
+		c.Replicas = 1
+	}
+	if c.Duplicates <= 0 {
+		c.Duplicates = 2 * time.Minute
+	}
+	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
+		err := declareStream(ctx, js, want, func(ctx context.Context) error {
+			_, err := js.CreateStream(ctx, want)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, kv := range []jetstream.KeyValueConfig{livenessConfig(c), bridgeSessionsConfig(c)} {
+		err := declareStream(ctx, js, bucketStream(kv), func(ctx context.Context) error {
+			_, err := js.CreateKeyValue(ctx, kv)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("KV bucket %s: %w", kv.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// bucketStream is what reconcile checks of a bucket's stream: the settings of kv that the
+// watchdog and bridge rely on. The bucket itself is created with kv, as nats.go lays it out.
+func bucketStream(kv jetstream.KeyValueConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:                   "KV_" + kv.Bucket,
+		Description:            kv.Description,
+		Subjects:               []string{"$KV." + kv.Bucket + ".>"},
+		Storage:                kv.Storage,
+		Retention:              jetstream.LimitsPolicy,
+		Replicas:               kv.Replicas,
+		AllowDirect:            true,
+		AllowMsgTTL:            kv.LimitMarkerTTL > 0,
+		SubjectDeleteMarkerTTL: kv.LimitMarkerTTL,
+	}
+}
+
+// declareStream creates want's stream with create when it is missing, and otherwise updates
+// it only if reconcile adds something, so that a start leaves an operator's stream untouched.
+func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, create func(context.Context) error) error {
+	s, err := js.Stream(ctx, want.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if err := create(ctx); err != nil {
+			return fmt.Errorf("create stream %s with %d replicas: %w", want.Name, want.Replicas, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up stream %s: %w", want.Name, err)
+	}
+	have := s.CachedInfo().Config
+	next, err := reconcile(have, want)
+	if err != nil {
+		return err
+	}
+	if reflect.DeepEqual(next, have) {
+		return nil
+	}
+	if _, err := js.UpdateStream(ctx, next); err != nil {
+		return fmt.Errorf("update stream %s to %d replicas: %w", want.Name, next.Replicas, err)
+	}
+	return nil
+}
+
+// reconcile is the configuration an existing stream should have: have, plus what want needs
+// that have lacks. Limits, placement, discard policy and the like stay as they are (an
+// operator's choice); replicas, the duplicate window and the marker TTL only ever grow. What
+// cannot be reconciled in place without moving or losing messages is refused in one line.
+func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+	if (have.SubjectTransform == nil) != (want.SubjectTransform == nil) ||
+		(have.SubjectTransform != nil && *have.SubjectTransform != *want.SubjectTransform) {
+		return have, fmt.Errorf("%w: stream %s maps subjects %v, the configuration wants %v; "+
+			"changing the partition count would move sensors between partitions. Keep "+
+			"LOCKS_PARTITIONS as it was, or replay into a new stream", ErrIncompatible, want.Name,
+			transformString(have.SubjectTransform), transformString(want.SubjectTransform))
+	}
+	if !sameSet(have.Subjects, want.Subjects) {
+		return have, fmt.Errorf("%w: stream %s has subjects %q, this system publishes to %q; "+
+			"set them back (nats stream edit %s --subjects …)", ErrIncompatible, want.Name,
+			have.Subjects, want.Subjects, want.Name)
+	}
+	if have.Storage != want.Storage {
+		return have, fmt.Errorf("%w: stream %s has storage %s, this system needs %s; storage "+
+			"cannot change in place: back the stream up, delete it, and restore it with %s storage",
+			ErrIncompatible, want.Name, have.Storage, want.Storage, want.Storage)
+	}
+	if have.Retention != want.Retention {
+		return have, fmt.Errorf("%w: stream %s has retention %s, this system needs %s (parts "+
+			"and replays read it independently, one's ack must not remove a message); set it "+
+			"back (nats stream edit %s --retention %s)", ErrIncompatible, want.Name,
+			have.Retention, want.Retention, want.Name, want.Retention)
+	}
+	next := have
+	next.Replicas = max(have.Replicas, want.Replicas)
+	next.Duplicates = max(have.Duplicates, want.Duplicates)
+	if have.MaxAge > 0 {
+		next.Duplicates = min(next.Duplicates, have.MaxAge) // the server refuses a window beyond MaxAge
+	}
+	next.AllowDirect = have.AllowDirect || want.AllowDirect
+	next.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
+	next.SubjectDeleteMarkerTTL = max(have.SubjectDeleteMarkerTTL, want.SubjectDeleteMarkerTTL)
+	if next.Description == "" {
+		next.Description = want.Description
+	}
+	return next, nil
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+func transformString(t *jetstream.SubjectTransformConfig) string {
+	if t == nil {
+		return "(none)"
+	}
+	return t.Source + " → " + t.Destination
+}
