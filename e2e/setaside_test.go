@@ -26,7 +26,8 @@ func TestForgedLogMessagesAreSetAside(t *testing.T) {
 	t.Parallel()
 	const partitions = 4 // what start configures
 	natsAddr := testenv.FreeAddr(t)
-	s := start(t, "LOCKS_NATS_LISTEN="+natsAddr, "LOCKS_RETRY_SCHEDULE=200ms,400ms")
+	dataDir := t.TempDir()
+	s := start(t, "LOCKS_NATS_LISTEN="+natsAddr, "LOCKS_DATA_DIR="+dataDir, "LOCKS_RETRY_SCHEDULE=200ms,400ms")
 	rcv := newReceiver(t)
 	var client struct {
 		ID string `json:"id"`
@@ -45,7 +46,12 @@ func TestForgedLogMessagesAreSetAside(t *testing.T) {
 	s.publish(reading("doorA", 1), reading("doorB", 1))
 	rcv.wait(t, 2, 30*time.Second)
 
-	nc, err := nats.Connect("nats://" + natsAddr)
+	// With the credential of the embedded server: anyone holding it can write the log.
+	auth, err := natsx.EmbeddedAuth(dataDir).Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect("nats://"+natsAddr, auth...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func TestStoreLostStateRefusesThenRebases(t *testing.T) {
 
 	// The first store: a's ten readings 1,0,1,… are applied (revision 10, checkpoint 10).
 	_, stop := start()
-	js := testenv.JetStream(t, "nats://"+listen, "test-1")
+	js := embeddedJS(t, dataDir, listen, "test-1")
 	publish(js, a, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0)
 	testenv.Eventually(t, 30*time.Second, "a applied and its events relayed", func() bool {
 		var outbox int
@@ -158,7 +158,7 @@ func TestStoreLostStateRefusesThenRebases(t *testing.T) {
 	}
 	log, stop := start()
 	defer stop()
-	js = testenv.JetStream(t, "nats://"+listen, "test-2")
+	js = embeddedJS(t, dataDir, listen, "test-2")
 	publish(js, a, 1, 1, 0, 1) // sequences 1-4 of the new stream, all below a's checkpoint
 	publish(js, c, 1, 0)
 

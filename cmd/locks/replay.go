@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
-	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
 	"github.com/lock-sensors/lock-sensors/projector/rebuild"
@@ -102,14 +101,15 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 		log.Info("dropped the tables replaced by earlier rebuilds", "tables", names)
 		return nil
 	}
-	if cfg.NATSURL == "" {
+	embedded := cfg.NATSURL == ""
+	if embedded {
 		// The embedded server of `locks run` listens on LOCKS_NATS_LISTEN.
 		cfg.NATSURL = "nats://" + cfg.NATSListen
 		log.Info("LOCKS_NATS_URL is empty: reading the log from the embedded NATS server of `locks run`", "url", cfg.NATSURL)
 	}
-	nc, err := natsx.Connect(cfg.NATSURL, "locks-replay", log)
+	nc, err := dialNATS(cfg, cfg.NATSURL, "locks-replay", embedded, log)
 	if err != nil {
-		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(cfg.NATSURL), err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -254,9 +254,9 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		}()
 		natsURL = embedded.ClientURL()
 	}
-	nc, err := natsx.Connect(natsURL, "locks", log)
+	nc, err := dialNATS(cfg, natsURL, "locks", embedded != nil, log)
 	if err != nil {
-		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
+		return err
 	}
 	defer nc.Close()
 	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
@@ -267,7 +267,11 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter})
+	declare := natsx.Declare
+	if !cfg.NATSDeclare && embedded == nil {
+		declare = natsx.CheckDeclared // a part's NATS user may not declare
+	}
+	err = declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(natsURL), err)

@@ -50,6 +50,11 @@ type Config struct {
 	NATSSync natsx.Sync
 	// NATSReplicas is how many NATS servers keep each stream and bucket the process creates.
 	NATSReplicas int
+	// NATSAuth names the credential and TLS files for LOCKS_NATS_URL (deploy/nats/accounts.conf).
+	NATSAuth natsx.Auth
+	// NATSDeclare: create and update the streams and buckets at start; a part whose NATS user
+	// may not (deploy/nats/accounts.conf gives that only to admin) only checks them.
+	NATSDeclare bool
 	// ClockSkewMax is how far a reading's ts may be from its receive time before the bridge
 	// counts it in locks_bridge_clock_skew_total.
 	ClockSkewMax time.Duration
@@ -186,6 +191,12 @@ func settings() []setting {
 			c.NATSReplicas = n
 			return nil
 		}},
+		{"LOCKS_NATS_CREDS", "", "a .creds file (user JWT and nkey seed) for LOCKS_NATS_URL", str(func(c *Config) *string { return &c.NATSAuth.Creds })},
+		{"LOCKS_NATS_NKEY", "", "a file with an nkey user seed for LOCKS_NATS_URL (default with the embedded server: its own, in LOCKS_DATA_DIR)", str(func(c *Config) *string { return &c.NATSAuth.Nkey })},
+		{"LOCKS_NATS_CA", "", "PEM file of the CAs of the NATS servers' certificates (TLS)", str(func(c *Config) *string { return &c.NATSAuth.CA })},
+		{"LOCKS_NATS_CERT", "", "PEM client certificate for NATS (with LOCKS_NATS_KEY)", str(func(c *Config) *string { return &c.NATSAuth.Cert })},
+		{"LOCKS_NATS_KEY", "", "PEM key of LOCKS_NATS_CERT", str(func(c *Config) *string { return &c.NATSAuth.Key })},
+		{"LOCKS_NATS_DECLARE", "true", "create and update the NATS streams and buckets at start; false only checks they exist (a part's NATS user may not declare)", boolean(func(c *Config) *bool { return &c.NATSDeclare })},
 		{"LOCKS_CLOCK_SKEW_MAX", "5m", "distance between a reading's ts and its receive time beyond which it is counted as a skewed sensor clock", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
 		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state", str(func(c *Config) *string { return &c.DataDir })},
 		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /metrics, /healthz, /readyz", addr(func(c *Config) *string { return &c.HTTPAddr })},

@@ -103,7 +103,12 @@ func (s Sync) String() string {
 
 // Embedded runs a NATS server with JetStream in this process, storing under dir and
 // listening on listen (host:port; port 0 picks a free port), syncing its store as sync says.
+// It admits only the user of EmbeddedUser(dir): connect with EmbeddedAuth(dir).
 func Embedded(dir, listen string, sync Sync, log *slog.Logger) (*server.Server, error) {
+	user, err := EmbeddedUser(dir)
+	if err != nil {
+		return nil, err
+	}
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS address %q: %w", listen, err)
@@ -125,6 +130,8 @@ func Embedded(dir, listen string, sync Sync, log *slog.Logger) (*server.Server, 
 		NoLog:      true,
 		// Readings are small; a batch of publishes must not be cut by the default payload.
 		MaxPayload: 1 << 20,
+		// Anyone who reaches the port could otherwise write READINGS and EVENTS.
+		Nkeys: []*server.NkeyUser{{Nkey: user}},
 	}
 	switch {
 	case sync.Always:
@@ -144,24 +151,39 @@ func Embedded(dir, listen string, sync Sync, log *slog.Logger) (*server.Server, 
 		ns.Shutdown()
 		return nil, fmt.Errorf("embedded NATS did not become ready within 30s (store %s)", opts.StoreDir)
 	}
-	log.Info("embedded NATS server running", "url", ns.ClientURL(), "store", opts.StoreDir, "sync", sync.String())
+	log.Info("embedded NATS server running", "url", ns.ClientURL(), "store", opts.StoreDir, "sync", sync.String(),
+		"credential", EmbeddedNkeyFile(dir))
 	return ns, nil
 }
 
-// Connect dials NATS with reconnects forever: parts ride out NATS restarts.
-func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+// EmbeddedAuth is how a client of the embedded server of data dir dir authenticates.
+func EmbeddedAuth(dir string) Auth { return Auth{Nkey: EmbeddedNkeyFile(dir)} }
+
+// Connect dials NATS with reconnects forever: parts ride out NATS restarts. extra carries
+// credentials (Auth.Options) and anything a caller adds.
+func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.ReconnectBufSize(64<<20),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectBufSize(64 << 20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("NATS disconnected", "err", err)
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
-	)
+		// A publish or subscription the server's permissions refuse is reported only here;
+		// a refused JetStream API request otherwise just times out.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Error("NATS subscription error", "subject", sub.Subject, "err", err)
+				return
+			}
+			log.Error("NATS error", "err", err)
+		}),
+	}, extra...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(url), err)
 	}

@@ -116,10 +116,11 @@ func (e *NATSEnv) start() {
 }
 
 // JetStream opens a connection of its own to the NATS server at url, as a part's process
-// would (natsx.Connect: it reconnects forever), closed at the end of the test.
-func JetStream(t testing.TB, url, name string) jetstream.JetStream {
+// would (natsx.Connect: it reconnects forever), closed at the end of the test; opts carry
+// credentials.
+func JetStream(t testing.TB, url, name string, opts ...nats.Option) jetstream.JetStream {
 	t.Helper()
-	nc, err := natsx.Connect(url, name, Logger(t))
+	nc, err := natsx.Connect(url, name, Logger(t), opts...)
 	if err != nil {
 		t.Fatalf("connect to NATS at %s: %v", url, err)
 	}
