@@ -77,7 +77,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	if cmd == "run" {
 		fs.StringVar(&targets, "targets", "all", "parts to run: all, or a comma list of "+allTargetsList())
-		fs.StringVar(&partitions, "partitions", "all", "partitions this process owns: all, 0-7, 0,2,4, or i/k (the i-th of k shares)")
+		fs.StringVar(&partitions, "partitions", "auto", "partitions this process owns: auto (state: its share, by leases; other parts: all), all, 0-7, 0,2,4, or i/k (the i-th of k shares)")
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

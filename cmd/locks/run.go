@@ -57,6 +57,9 @@ const shutdownGrace = 15 * time.Second
 type runOptions struct {
 	targets    []string
 	partitions partition.Set
+	// auto: no --partitions; the state projector takes its share by leases, the other parts
+	// take partitions (all of them).
+	auto bool
 }
 
 func parseRunOptions(targets, partitions string, cfg config.Config) (runOptions, error) {
@@ -75,12 +78,23 @@ func parseRunOptions(targets, partitions string, cfg config.Config) (runOptions,
 	// Sorted to drop repeats and log the same list however it was given; not a start order.
 	slices.Sort(o.targets)
 	o.targets = slices.Compact(o.targets)
+	o.auto = strings.TrimSpace(partitions) == "auto"
+	if o.auto {
+		partitions = "all"
+	}
 	p, err := partition.Parse(partitions, cfg.Partitions)
 	if err != nil {
 		return o, &config.Error{Var: "--partitions", Value: partitions, Reason: err.Error()}
 	}
 	o.partitions = p
 	return o, nil
+}
+
+func (o runOptions) partitionsString() string {
+	if o.auto {
+		return "auto"
+	}
+	return fmt.Sprint(o.partitions)
 }
 
 func (o runOptions) any(parts []string) bool {
@@ -120,6 +134,7 @@ type deps struct {
 	reg        prometheus.Registerer
 	ops        *ops.Server
 	partitions partition.Set
+	auto       bool
 }
 
 // runner is what every part is: it runs until ctx is done and then returns after a clean stop.
@@ -138,7 +153,11 @@ func buildPart(name string, d deps) (runner, error) {
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
-		st, err := state.New(state.Config{Partitions: d.partitions, PartitionCount: d.cfg.Partitions},
+		owned := d.partitions
+		if d.auto {
+			owned = nil // its share, by leases
+		}
+		st, err := state.New(state.Config{Partitions: owned, PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
 			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg})
 		if err != nil {
 			return nil, err
@@ -189,7 +208,7 @@ func buildPart(name string, d deps) (runner, error) {
 
 func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Logger) error {
 	log.Info("starting", "version", versionString(), "targets", strings.Join(o.targets, ","),
-		"partitions", fmt.Sprint(o.partitions))
+		"partitions", o.partitionsString())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv := ops.New(cfg.HTTPAddr, reg, log)
@@ -206,7 +225,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if err := migrate(ctx, cfg, usePG, useCH, log); err != nil {
 		return err
 	}
-	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions}
+	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions, auto: o.auto}
 
 	if usePG {
 		pool, err := pgxpool.New(ctx, cfg.PostgresURL)

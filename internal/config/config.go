@@ -58,6 +58,9 @@ type Config struct {
 	// ClockSkewMax is how far a reading's ts may be from its receive time before the bridge
 	// counts it in locks_bridge_clock_skew_total.
 	ClockSkewMax time.Duration
+	// LeaseTTL is how long a process's claim on a partition lives without renewal: its
+	// partitions are taken over this long (plus a renewal period) after it dies.
+	LeaseTTL time.Duration
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -241,6 +244,14 @@ func settings() []setting {
 				return errors.New("must be an integer from 1 to 1024")
 			}
 			c.Partitions = n
+			return nil
+		}},
+		{"LOCKS_LEASE_TTL", "6s", "life of a process's lease on a partition without renewal: a dead process's partitions are taken over after it (see Sharing partitions)", func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second || d > time.Minute {
+				return errors.New("must be a duration from 1s to 1m")
+			}
+			c.LeaseTTL = d
 			return nil
 		}},
 		{"LOCKS_HISTORY_BATCH_SIZE", "10000", "rows per ClickHouse INSERT of the history projector", func(c *Config, v string) error {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
@@ -42,6 +43,7 @@ func (s *Projector) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg
 type batch struct {
 	tx    pgx.Tx
 	p     int
+	epoch int64 // the fence: the transaction rolls back unless it is still p's epoch
 	cache *rowCache
 	// ids are the batch's sensors in first-seen order; missing those not in the cache.
 	ids, missing []string
@@ -54,8 +56,8 @@ type batch struct {
 	skipped      int
 }
 
-func newBatch(tx pgx.Tx, p int, items []item, cache *rowCache) *batch {
-	b := &batch{tx: tx, p: p, cache: cache}
+func newBatch(tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
+	b := &batch{tx: tx, p: p, epoch: epoch, cache: cache}
 	seen := make(map[string]bool, len(items))
 	for _, it := range items {
 		if !seen[it.log.SensorID] {
@@ -69,11 +71,12 @@ func newBatch(tx pgx.Tx, p int, items []item, cache *rowCache) *batch {
 	return b
 }
 
-// applyBatch applies msgs of partition p in one transaction, in named steps: lock the
-// checkpoint and load the rows (one round trip), skip what is at or below the checkpoint,
-// step the rest, then write the rows, the outbox and the advanced checkpoint (one more).
-// cache may be nil.
-func (s *Projector) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg, cache *rowCache) error {
+// applyBatch applies msgs of partition p in one transaction, in named steps: check the
+// owner's epoch, lock the checkpoint and load the rows (one round trip), skip what is at or
+// below the checkpoint, step the rest, then write the rows, the outbox and the advanced
+// checkpoint (one more). It fails with lease.ErrFenced, writing nothing, when epoch is no
+// longer p's. cache may be nil.
+func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []jetstream.Msg, cache *rowCache) error {
 	items, err := s.decodeBatch(ctx, p, msgs)
 	if err != nil {
 		return err
@@ -92,7 +95,7 @@ func (s *Projector) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg,
 	start := time.Now()
 	var b *batch
 	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
-		b = newBatch(tx, p, items, cache)
+		b = newBatch(tx, p, epoch, items, cache)
 		if err := b.lockAndLoad(ctx); err != nil {
 			return err
 		}
@@ -138,6 +141,8 @@ func (s *Projector) applyBatch(ctx context.Context, p int, msgs []jetstream.Msg,
 // checkpoint is the one this process left, from sensor_state otherwise.
 func (b *batch) lockAndLoad(ctx context.Context) error {
 	q := &pgx.Batch{}
+	// First, so that a claim by another process waits for this transaction or fences it.
+	lease.QueueCheck(q, Name, b.p)
 	q.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, b.p)
 	q.Queue(lockCheckpoint, Name, b.p)
 	// After the checkpoint lock, which a rebuild's swap holds while renaming the tables;
@@ -145,7 +150,10 @@ func (b *batch) lockAndLoad(ctx context.Context) error {
 	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
 	q.Queue(selectRows, b.missing)
 	br := b.tx.SendBatch(ctx, q)
-	err := b.lockCheckpoint(br)
+	err := lease.ReadCheck(br, Name, b.p, b.epoch)
+	if err == nil {
+		err = b.lockCheckpoint(br)
+	}
 	if err == nil {
 		b.rows = make(map[string]row, len(b.ids))
 		var rows pgx.Rows

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
@@ -35,8 +36,13 @@ const (
 
 // Config configures the state projector and its outbox relay.
 type Config struct {
-	// Partitions are the READINGS partitions this process owns.
+	// Partitions are the READINGS partitions this process owns; empty: its share of them,
+	// assigned and taken over through leases (internal/lease).
 	Partitions partition.Set
+	// Owner names this process in the leases and the fence (lease.NewOwner by default).
+	Owner string
+	// LeaseTTL is how long a lease lives without renewal (lease.TTLDefault by default).
+	LeaseTTL time.Duration
 	// PartitionCount is LOCKS_PARTITIONS, the number of partitions of READINGS.
 	PartitionCount int
 	// BatchSize is the most READINGS messages applied in one transaction.
@@ -79,6 +85,9 @@ func (c *Config) setDefaults() {
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = PublishTimeoutDefault
 	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = lease.TTLDefault
+	}
 	if c.CacheSensors == 0 {
 		c.CacheSensors = CacheSensorsDefault
 	}
@@ -89,8 +98,6 @@ func (c Config) Validate() error {
 	switch {
 	case c.PartitionCount < 1:
 		return fmt.Errorf("state projector: partition count %d < 1", c.PartitionCount)
-	case len(c.Partitions) == 0:
-		return errors.New("state projector: owns no partition")
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("state projector: batch size %d not in 1..10000", c.BatchSize)
 	case c.RelayBatch < 1:
@@ -114,4 +121,12 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	JS         jetstream.JetStream
 	PG         *pgxpool.Pool
+}
+
+// candidates are the partitions this process may own: the fixed ones, or any.
+func (c Config) candidates() partition.Set {
+	if len(c.Partitions) > 0 {
+		return c.Partitions
+	}
+	return partition.All(c.PartitionCount)
 }

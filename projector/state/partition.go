@@ -10,6 +10,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,13 +32,16 @@ type partitionWorker struct {
 	s     *Projector
 	p     int
 	log   *slog.Logger
+	epoch int64 // this process's ownership of p, checked in each batch's transaction
 	cons  jetstream.Consumer
 	next  uint64 // the consumer sequence expected next
 	cache *rowCache
 }
 
-func (s *Projector) runPartition(ctx context.Context, p int) error {
-	w := &partitionWorker{s: s, p: p, log: s.log.With("partition", p), cache: newRowCache(s.cfg.CacheSensors)}
+// runPartition follows p as the owner of epoch until ctx is done (nil) or a batch is fenced
+// (an error wrapping lease.ErrFenced: another process owns p now).
+func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error {
+	w := &partitionWorker{s: s, p: p, epoch: epoch, log: s.log.With("partition", p), cache: newRowCache(s.cfg.CacheSensors)}
 	// Transient failures (a database or NATS away) are retried without end, waiting longer
 	// each time up to retryMax.
 	retry := backoff.New(retryMin, retryMax)
@@ -75,7 +79,7 @@ func (s *Projector) runPartition(ctx context.Context, p int) error {
 			// A batch under way is finished even when asked to stop: it is one transaction
 			// and one ack, and stopping between them only costs a redelivery.
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.AckWait/2)
-			err := s.applyBatch(actx, p, good, w.cache)
+			err := s.applyBatch(actx, p, w.epoch, good, w.cache)
 			if err == nil {
 				crashpoint.Hit(CrashAfterCommit)
 				s.nudge(p)
@@ -90,6 +94,10 @@ func (s *Projector) runPartition(ctx context.Context, p int) error {
 				}
 			}
 			cancel()
+			if errors.Is(err, lease.ErrFenced) {
+				// Rolled back: the new owner applies these messages; they are not acked here.
+				return err
+			}
 			if err != nil {
 				w.log.Warn("apply batch", "err", err, "messages", len(good))
 				w.cons = nil

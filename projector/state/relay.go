@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
@@ -47,7 +46,7 @@ type Relay struct {
 
 func newRelay(cfg Config, d Deps) (*Relay, error) {
 	r := &Relay{js: d.JS, pg: d.PG, log: d.Logger.With("part", "relay"), counts: cfg.PartitionCount,
-		relays: make(map[int]*outbox.Relay, len(cfg.Partitions)),
+		relays: make(map[int]*outbox.Relay, len(cfg.candidates())),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_relay_published_total",
 			Help: "Outbox rows published to EVENTS and deleted."}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_relay_event_age_seconds",
@@ -58,7 +57,7 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 			return nil, fmt.Errorf("relay metrics: %w", err)
 		}
 	}
-	for _, p := range cfg.Partitions {
+	for _, p := range cfg.candidates() {
 		or, err := outbox.New(outbox.Config{
 			Name:       "events p" + strconv.Itoa(p),
 			Table:      outbox.Table{Select: relaySelect, Args: []any{p}, Scan: scanEventRow(p), Delete: relayDelete},
@@ -90,14 +89,8 @@ func scanEventRow(p int) func(pgx.Rows) (outbox.Row, error) {
 	}
 }
 
-// Run relays every owned partition until ctx is done.
-func (r *Relay) Run(ctx context.Context) error {
-	g, gctx := errgroup.WithContext(ctx)
-	for _, or := range r.relays {
-		g.Go(func() error { return or.Run(gctx) })
-	}
-	return g.Wait()
-}
+// run relays partition p until ctx is done.
+func (r *Relay) run(ctx context.Context, p int) error { return r.relays[p].Run(ctx) }
 
 // wake starts a round of partition p's relay soon: its owner has just committed rows.
 func (r *Relay) wake(p int) {

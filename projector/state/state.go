@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,8 @@ type Projector struct {
 	log   *slog.Logger
 	m     *metrics
 	relay *Relay
+	// leases gives this process its partitions (the fixed ones, or its share).
+	leases *lease.Assigner
 	// refused are the partitions whose checkpoints do not belong to READINGS (checkpoint.go).
 	refused *refusals
 	// setAside records the READINGS messages that can never be applied.
@@ -49,11 +52,15 @@ func New(cfg Config, d Deps) (*Projector, error) {
 	if s.setAside, err = setaside.NewRecorder(Name, d.JS, s.log, d.Registerer); err != nil {
 		return nil, err
 	}
+	if s.leases, err = lease.New(lease.Config{Name: Name, PartitionCount: cfg.PartitionCount, Partitions: cfg.Partitions,
+		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: s.log, Registerer: d.Registerer, JS: d.JS, PG: d.PG}); err != nil {
+		return nil, err
+	}
 	s.relay, err = newRelay(cfg, d)
 	if err != nil {
 		return nil, err
 	}
-	if s.refused, err = newRefusals(d.Registerer, Name, cfg.Partitions, s.log); err != nil {
+	if s.refused, err = newRefusals(d.Registerer, Name, cfg.candidates(), s.log); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -63,16 +70,20 @@ func New(cfg Config, d Deps) (*Projector, error) {
 // nil after a clean stop. A message it can never apply is set aside (see decodeBatch) and
 // stops nothing.
 func (s *Projector) Run(ctx context.Context) error {
-	g, gctx := errgroup.WithContext(ctx)
-	for _, p := range s.cfg.Partitions {
-		g.Go(func() error { return s.runPartition(gctx, p) })
-	}
-	g.Go(func() error { return s.relay.Run(gctx) })
-	err := g.Wait()
+	err := s.leases.Run(ctx, s.own)
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		return nil
 	}
 	return err
+}
+
+// own applies partition p and relays its outbox as the owner of epoch, until ctx is done or
+// a batch is fenced (another process owns p now).
+func (s *Projector) own(ctx context.Context, p int, epoch int64) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.runPartition(gctx, p, epoch) })
+	g.Go(func() error { return s.relay.run(gctx, p) })
+	return g.Wait()
 }
 
 // Ready is nil unless a partition is stopped because its checkpoint does not belong to

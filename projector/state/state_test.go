@@ -22,6 +22,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -756,13 +757,17 @@ func TestStateSkipsAppliedMessages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			epoch, err := lease.Claim(t.Context(), e.pg, Name, 0, "test")
+			if err != nil {
+				t.Fatal(err)
+			}
 			caches := []*rowCache{newRowCache(1000), newRowCache(1000)}
 			for _, st := range tc.steps {
 				var c *rowCache
 				if st.writer >= 0 {
 					c = caches[st.writer]
 				}
-				if err := s.applyBatch(t.Context(), 0, msgs[st.from:st.to], c); err != nil {
+				if err := s.applyBatch(t.Context(), 0, epoch, msgs[st.from:st.to], c); err != nil {
 					t.Fatal(err)
 				}
 			}
