@@ -290,7 +290,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if !cfg.NATSDeclare && embedded == nil {
 		declare = natsx.CheckDeclared // a part's NATS user may not declare
 	}
-	err = declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter})
+	err = declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(natsURL), err)

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
@@ -40,7 +41,7 @@ import (
 type Work func(ctx context.Context, p int, epoch int64) error
 
 // Bucket is the KV bucket of the leases of part name.
-func Bucket(name string) string { return "leases_" + name }
+func Bucket(name string) string { return natsx.LeasesBucket(name) }
 
 const memberPrefix = "members."
 

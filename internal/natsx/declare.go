@@ -24,6 +24,29 @@ type StreamsConfig struct {
 	Replicas int
 	// LostAfter is the liveness bucket's limit-marker TTL floor.
 	LostAfter time.Duration
+	// LeaseTTL is the age at which an unrenewed partition lease lapses (LOCKS_LEASE_TTL;
+	// default LeaseTTLDefault).
+	LeaseTTL time.Duration
+}
+
+// LeaseTTLDefault is StreamsConfig.LeaseTTL's default.
+const LeaseTTLDefault = 6 * time.Second
+
+// LeasesBucket is the bucket of a part's partition leases (internal/lease).
+func LeasesBucket(part string) string { return "leases_" + part }
+
+// LeaseParts are the parts whose processes share partitions by leases.
+var LeaseParts = []string{"state"}
+
+func leasesConfig(c StreamsConfig, part string) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      LeasesBucket(part),
+		Description: "partition leases of the " + part + " processes (internal/lease)",
+		History:     1,
+		TTL:         c.LeaseTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+	}
 }
 
 // ErrIncompatible says an existing stream cannot be changed into the configured one.
@@ -95,8 +118,8 @@ func bridgeSessionsConfig(c StreamsConfig) jetstream.KeyValueConfig {
 	}
 }
 
-// Declare creates READINGS, EVENTS, DELIVERIES, SET_ASIDE and the liveness and bridge_sessions
-// buckets that are missing. One that exists keeps what an operator set (replicas, limits,
+// Declare creates READINGS, EVENTS, DELIVERIES, SET_ASIDE and the liveness, bridge_sessions
+// and lease buckets that are missing. One that exists keeps what an operator set (replicas, limits,
 // placement, a longer duplicate window) and only gains what this system needs (see reconcile).
 func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
 	if c.Partitions < 1 {
@@ -108,6 +131,9 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	if c.Duplicates <= 0 {
 		c.Duplicates = 2 * time.Minute
 	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = LeaseTTLDefault
+	}
 	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
 		err := declareStream(ctx, js, want, func(ctx context.Context) error {
 			_, err := js.CreateStream(ctx, want)
@@ -117,7 +143,11 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 			return err
 		}
 	}
-	for _, kv := range []jetstream.KeyValueConfig{livenessConfig(c), bridgeSessionsConfig(c)} {
+	kvs := []jetstream.KeyValueConfig{livenessConfig(c), bridgeSessionsConfig(c)}
+	for _, part := range LeaseParts {
+		kvs = append(kvs, leasesConfig(c, part))
+	}
+	for _, kv := range kvs {
 		err := declareStream(ctx, js, bucketStream(kv), func(ctx context.Context) error {
 			_, err := js.CreateKeyValue(ctx, kv)
 			return err
