@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/lock-sensors/lock-sensors/internal/chschema"
 )
 
 // ClickHouse's migrations use goose's file format (NNNNN_name.sql with `-- +goose Up`/`Down`
@@ -72,53 +74,109 @@ func readClickHouseMigrations(fsys fs.FS) ([]chMigration, error) {
 	return ms, nil
 }
 
-func migrateClickHouse(ctx context.Context, conn driver.Conn, fsys fs.FS, log *slog.Logger) error {
-	ms, err := readClickHouseMigrations(fsys)
+// clickHouseMigrations are the migrations of layout l. One node: the SQL files. A cluster
+// starts at the current definition (internal/chschema), recorded as the latest version: the
+// files' history (tables made and refilled by RENAME) is of single-node databases.
+func clickHouseMigrations(l chschema.Layout) ([]chMigration, error) {
+	if l.Cluster == "" {
+		return readClickHouseMigrations(ClickHouse())
+	}
+	return []chMigration{{version: latestVersion(ClickHouse()), name: "cluster " + l.Cluster, stmts: chschema.Create(l)}}, nil
+}
+
+// versionTable is the DDL of the applied versions' table. A cluster's is replicated to
+// every node under one ZooKeeper path (no {shard}), so a migrator on any node sees them.
+func versionTable(l chschema.Layout) string {
+	cols := " (version Int64, name String, applied DateTime DEFAULT now())"
+	if l.Cluster == "" {
+		return "CREATE TABLE IF NOT EXISTS " + chVersionTable + cols + " ENGINE = ReplacingMergeTree() ORDER BY version"
+	}
+	return "CREATE TABLE IF NOT EXISTS " + l.Database + "." + chVersionTable + " ON CLUSTER " + l.Cluster + cols +
+		" ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/" + l.Database + "/" + chVersionTable + "', '{replica}') ORDER BY version"
+}
+
+// migrateClickHouse applies the migrations of l that conn's database lacks. With lockURL,
+// they are applied under a Postgres advisory lock (lock.go), and the applied versions read
+// again once it is held: another process may have applied them meanwhile.
+func migrateClickHouse(ctx context.Context, conn driver.Conn, l chschema.Layout, lockURL string, log *slog.Logger) error {
+	ms, err := clickHouseMigrations(l)
 	if err != nil {
 		return err
 	}
-	if err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+chVersionTable+
-		" (version Int64, name String, applied DateTime DEFAULT now()) ENGINE = ReplacingMergeTree() ORDER BY version"); err != nil {
+	if err := conn.Exec(ctx, versionTable(l)); err != nil {
 		return fmt.Errorf("clickhouse migrations: create %s: %w", chVersionTable, err)
 	}
+	last := ms[len(ms)-1].version
+	pending, err := pendingClickHouse(ctx, conn, ms)
+	if err != nil || len(pending) == 0 {
+		if err == nil {
+			log.Info("migrated", "database", "clickhouse", "applied", 0, "version", last)
+		}
+		return err
+	}
+	apply := func() error {
+		if lockURL != "" {
+			if pending, err = pendingClickHouse(ctx, conn, ms); err != nil {
+				return err
+			}
+		}
+		for _, m := range pending {
+			if err := applyClickHouse(ctx, conn, m); err != nil {
+				return err
+			}
+		}
+		log.Info("migrated", "database", "clickhouse", "applied", len(pending), "version", last)
+		return nil
+	}
+	if lockURL == "" {
+		return apply()
+	}
+	return withPostgresLock(ctx, lockURL, "locks.migrate.clickhouse/"+l.Database, apply)
+}
+
+// pendingClickHouse are the migrations of ms that the version table does not list.
+func pendingClickHouse(ctx context.Context, conn driver.Conn, ms []chMigration) ([]chMigration, error) {
 	applied := map[int64]bool{}
 	rows, err := conn.Query(ctx, "SELECT version FROM "+chVersionTable)
 	if err != nil {
-		return fmt.Errorf("clickhouse migrations: read %s: %w", chVersionTable, err)
+		return nil, fmt.Errorf("clickhouse migrations: read %s: %w", chVersionTable, err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var v int64
 		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return err
+			return nil, fmt.Errorf("clickhouse migrations: read %s: %w", chVersionTable, err)
 		}
 		applied[v] = true
 	}
-	rows.Close()
-	var n int
-	var last int64
-	for _, m := range ms {
-		last = m.version
-		if applied[m.version] {
-			continue
-		}
-		for _, st := range m.stmts {
-			if err := conn.Exec(ctx, st); err != nil {
-				return fmt.Errorf("clickhouse migration %s: %w", m.name, err)
-			}
-		}
-		// Through the batch API: 18.16 does not answer an INSERT … VALUES with bound parameters.
-		b, err := conn.PrepareBatch(ctx, "INSERT INTO "+chVersionTable+" (version, name)")
-		if err == nil {
-			if err = b.Append(m.version, m.name); err == nil {
-				err = b.Send()
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("clickhouse migration %s: record version: %w", m.name, err)
-		}
-		n++
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("clickhouse migrations: read %s: %w", chVersionTable, err)
 	}
-	log.Info("migrated", "database", "clickhouse", "applied", n, "version", last)
+	var out []chMigration
+	for _, m := range ms {
+		if !applied[m.version] {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// applyClickHouse runs m's statements and records its version.
+func applyClickHouse(ctx context.Context, conn driver.Conn, m chMigration) error {
+	for _, st := range m.stmts {
+		if err := conn.Exec(ctx, st); err != nil {
+			return fmt.Errorf("clickhouse migration %s: %w", m.name, err)
+		}
+	}
+	// Through the batch API: 18.16 does not answer an INSERT … VALUES with bound parameters.
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+chVersionTable+" (version, name)")
+	if err == nil {
+		if err = b.Append(m.version, m.name); err == nil {
+			err = b.Send()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("clickhouse migration %s: record version: %w", m.name, err)
+	}
 	return nil
 }

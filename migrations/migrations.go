@@ -23,6 +23,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/lock-sensors/lock-sensors/internal/chschema"
 )
 
 //go:embed postgres/*.sql
@@ -69,7 +72,9 @@ func createPostgresDB(ctx context.Context, cfg *pgx.ConnConfig) error {
 	}
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile by another process
+	// Created meanwhile by another process: 42P04 when it had committed, or the catalog's
+	// unique violation when both CREATE DATABASE ran at once.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505" && pgErr.ConstraintName == "pg_database_datname_index") {
 		return nil
 	}
 	if err != nil {
@@ -90,35 +95,63 @@ func ClickHouseDatabase(dsn string) string {
 	return "locks"
 }
 
-// MigrateClickHouse creates the database of dsn if missing and applies every migration.
+// ClickHouseOptions are how MigrateClickHouseWith applies the ClickHouse schema.
+type ClickHouseOptions struct {
+	// Cluster (LOCKS_CLICKHOUSE_CLUSTER) names the cluster whose nodes get replicated tables
+	// and Distributed tables over them (internal/chschema); empty: one node, by the SQL files.
+	Cluster string
+	// LockPostgresURL is the Postgres whose advisory lock lets one process at a time migrate
+	// (lock.go); empty only for a database nothing else migrates, such as a test's own.
+	LockPostgresURL string
+}
+
+// MigrateClickHouse creates the single-node database of dsn if missing and applies every
+// migration, taking no lock: for a database only the caller migrates.
 func MigrateClickHouse(ctx context.Context, dsn string, log *slog.Logger) error {
-	opts, err := clickhouse.ParseDSN(dsn)
+	return MigrateClickHouseWith(ctx, dsn, ClickHouseOptions{}, log)
+}
+
+// MigrateClickHouseWith creates the database of dsn if missing and applies every migration
+// in the layout opts names.
+func MigrateClickHouseWith(ctx context.Context, dsn string, opts ClickHouseOptions, log *slog.Logger) error {
+	copts, err := clickhouse.ParseDSN(dsn)
 	if err != nil {
 		return fmt.Errorf("LOCKS_CLICKHOUSE_URL: %w", err)
 	}
 	name := ClickHouseDatabase(dsn)
-	if opts.DialTimeout == 0 || opts.DialTimeout > 10*time.Second {
-		opts.DialTimeout = 10 * time.Second
+	if copts.DialTimeout == 0 || copts.DialTimeout > 10*time.Second {
+		copts.DialTimeout = 10 * time.Second
 	}
-	opts.ReadTimeout = time.Minute
-	admin := *opts
+	copts.ReadTimeout = time.Minute
+	admin := *copts
 	admin.Auth.Database = "default"
 	adb := clickhouse.OpenDB(&admin)
 	defer adb.Close()
-	if _, err := adb.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+name+"`"); err != nil {
-		return fmt.Errorf("ClickHouse at %v: create database %q: %w", opts.Addr, name, err)
+	create := "CREATE DATABASE IF NOT EXISTS `" + name + "`"
+	if opts.Cluster != "" {
+		create += " ON CLUSTER " + opts.Cluster
 	}
-	opts.Auth.Database = name
-	conn, err := clickhouse.Open(opts)
+	if _, err := adb.ExecContext(ctx, create); err != nil {
+		return fmt.Errorf("ClickHouse at %v: create database %q: %w", copts.Addr, name, err)
+	}
+	copts.Auth.Database = name
+	conn, err := clickhouse.Open(copts)
 	if err != nil {
-		return fmt.Errorf("ClickHouse at %v: %w", opts.Addr, err)
+		return fmt.Errorf("ClickHouse at %v: %w", copts.Addr, err)
 	}
 	defer conn.Close()
-	return migrateClickHouse(ctx, conn, ClickHouse(), log)
+	return migrateClickHouse(ctx, conn, chschema.Layout{Cluster: opts.Cluster, Database: name}, opts.LockPostgresURL, log)
 }
 
 func run(ctx context.Context, dialect goose.Dialect, db *sql.DB, fsys fs.FS, what string, log *slog.Logger) error {
-	p, err := goose.NewProvider(dialect, db, fsys)
+	// Every process migrates at start: goose's session lock (a Postgres advisory lock held by
+	// one connection for the whole Up, freed if the process dies) lets one apply them while the
+	// others wait, then find nothing left to do. Probed every second, bounded by ctx.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 3600))
+	if err != nil {
+		return fmt.Errorf("%s migrations: %w", what, err)
+	}
+	p, err := goose.NewProvider(dialect, db, fsys, goose.WithSessionLocker(locker))
 	if err != nil {
 		return fmt.Errorf("%s migrations: %w", what, err)
 	}

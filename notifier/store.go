@@ -51,7 +51,8 @@ const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
 	WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.revision > d.revision OFFSET 0)`
 
 // insertDeliveries creates one delivery per (event, subscribed client) in tx, idempotently by
-// (event_id, client_id), and supersedes the older rows of the keys it touched. It returns the
+// (event_id, client_id) (the unique key adds sensor_id, the table's partition key, which the
+// event id determines), and supersedes the older rows of the keys it touched. It returns the
 // attempt records of what was superseded, for the outbox.
 func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (created int, recs []event.Attempt, err error) {
 	ids := make([]string, len(evs))
@@ -68,7 +69,7 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 		            THEN 'superseded' ELSE 'pending' END
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) AS e(event_id, sensor_id, revision, payload)
 		JOIN subscriptions s ON s.sensor_id = e.sensor_id
-		ON CONFLICT (event_id, client_id) DO NOTHING
+		ON CONFLICT (event_id, client_id, sensor_id) DO NOTHING
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`, ids, sensors, revs, payloads)
 	if err != nil {
 		return 0, nil, fmt.Errorf("insert deliveries: %w", err)

@@ -50,7 +50,7 @@ func TestReplayCommand(t *testing.T) {
 		}
 	}
 	var old int
-	if err := pg.QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE 'sensor_state%'`).Scan(&old); err != nil {
+	if err := pg.QueryRow(t.Context(), `SELECT count(*) FROM pg_class WHERE relname LIKE 'sensor_state%' AND relkind IN ('r', 'p') AND NOT relispartition`).Scan(&old); err != nil {
 		t.Fatal(err)
 	}
 	if old != 1 {

@@ -114,7 +114,9 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 	}
 	if ch {
 		c, cancel := context.WithTimeout(ctx, 12*time.Second)
-		err := migrations.MigrateClickHouse(c, cfg.ClickHouseURL, log)
+		// Under the Postgres advisory lock, taken only when a migration is missing.
+		err := migrations.MigrateClickHouseWith(c, cfg.ClickHouseURL, migrations.ClickHouseOptions{
+			Cluster: cfg.ClickHouseCluster, LockPostgresURL: cfg.PostgresURL}, log)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)

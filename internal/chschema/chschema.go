@@ -14,10 +14,16 @@ type Column struct {
 	Name, Type string
 }
 
-// Table is a history table.
+// Table is a history table: its columns, and the engine keys both layouts share (ddl.go).
 type Table struct {
 	Name    string
 	Columns []Column
+	// Defaults are DEFAULT expressions by column, for rows copied from an older schema.
+	Defaults map[string]string
+	// Engine is the single-node MergeTree engine; a cluster uses its Replicated twin.
+	Engine      string
+	PartitionBy string
+	OrderBy     string
 }
 
 // The history tables.
@@ -27,18 +33,27 @@ var (
 		{"time", "DateTime"}, {"time_ms", "UInt16"},
 		{"received", "DateTime"}, {"received_ms", "UInt16"},
 		{"message_id", "String"},
-	}}
+	},
+		// Collapses a redelivered or replayed reading; partitioned by receive time, never by
+		// the sensor's clock (README "Sensor clocks").
+		Engine: "ReplacingMergeTree", PartitionBy: "toYYYYMM(received)",
+		OrderBy: "(sensor_id, received, received_ms, seq)"}
 	Events = Table{Name: "events", Columns: []Column{
 		{"event_id", "String"}, {"sensor_id", "String"}, {"type", "String"}, {"revision", "UInt64"},
 		{"data", "UInt8"}, {"previous_data", "Nullable(UInt8)"},
 		{"time", "DateTime"}, {"time_ms", "UInt16"}, {"seq", "UInt64"},
 		{"received", "DateTime"}, {"received_ms", "UInt16"},
-	}}
+	},
+		Defaults: map[string]string{"received": "time", "received_ms": "time_ms"},
+		Engine:   "ReplacingMergeTree", PartitionBy: "toYYYYMM(received)",
+		OrderBy: "(sensor_id, received, received_ms, revision, event_id)"}
 	Deliveries = Table{Name: "deliveries", Columns: []Column{
 		{"event_id", "String"}, {"client_id", "String"}, {"sensor_id", "String"}, {"attempt", "UInt16"},
 		{"time", "DateTime"}, {"time_ms", "UInt16"}, {"status_code", "UInt16"}, {"latency_ms", "UInt32"},
 		{"error", "String"}, {"outcome", "String"},
-	}}
+	},
+		Engine: "ReplacingMergeTree", PartitionBy: "toYYYYMM(time)",
+		OrderBy: "(client_id, time, time_ms, event_id, attempt)"}
 )
 
 // Tables are the history tables, in the order the projector writes them.

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lock-sensors/lock-sensors/internal/chschema"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
@@ -61,6 +62,8 @@ type Config struct {
 	// LeaseTTL is how long a process's claim on a partition lives without renewal: its
 	// partitions are taken over this long (plus a renewal period) after it dies.
 	LeaseTTL time.Duration
+	// ClickHouseCluster names the ClickHouse cluster the history tables span; empty: one node.
+	ClickHouseCluster string
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -166,6 +169,15 @@ func settings() []setting {
 		}},
 		{"LOCKS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/locks?sslmode=disable", "Postgres URL", urlOf("postgres", "postgresql")(func(c *Config) *string { return &c.PostgresURL })},
 		{"LOCKS_CLICKHOUSE_URL", "clickhouse://127.0.0.1:9000/locks", "ClickHouse URL (native protocol)", urlOf("clickhouse", "tcp")(func(c *Config) *string { return &c.ClickHouseURL })},
+		{"LOCKS_CLICKHOUSE_CLUSTER", "", "ClickHouse cluster for replicated, Distributed history tables; empty: one node", func(c *Config, v string) error {
+			if v != "" {
+				if err := chschema.ValidName(v); err != nil {
+					return err
+				}
+			}
+			c.ClickHouseCluster = v
+			return nil
+		}},
 		{"LOCKS_NATS_URL", "", "NATS URL; empty runs an embedded server", func(c *Config, v string) error {
 			if v == "" {
 				c.NATSURL = ""

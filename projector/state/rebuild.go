@@ -181,9 +181,18 @@ func (r *Rebuild) prepareShadow(ctx context.Context) (resumed bool, _ error) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('locks.rebuild.state'))`); err != nil {
 			return fmt.Errorf("rebuild lock: %w", err)
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ShadowTable).Scan(&exists); err != nil {
+		var exists, sameShape bool
+		// A shadow left from before sensor_state was partitioned (or the reverse) cannot be swapped in.
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, coalesce((SELECT relkind FROM pg_class WHERE oid = to_regclass($1)) =
+			(SELECT relkind FROM pg_class WHERE oid = 'sensor_state'::regclass), false)`, ShadowTable).Scan(&exists, &sameShape); err != nil {
 			return fmt.Errorf("look up %s: %w", ShadowTable, err)
+		}
+		if exists && !sameShape {
+			r.log.Warn("the shadow of an interrupted rebuild is not partitioned as sensor_state now is: starting over")
+			if _, err := tx.Exec(ctx, `DROP TABLE `+ShadowTable); err != nil {
+				return fmt.Errorf("drop %s: %w", ShadowTable, err)
+			}
+			exists = false
 		}
 		if exists {
 			bad, err := mismatchedCheckpoints(ctx, tx, ShadowName, r.pos, false)
@@ -200,17 +209,11 @@ func (r *Rebuild) prepareShadow(ctx context.Context) (resumed bool, _ error) {
 				return fmt.Errorf("drop %s: %w", ShadowTable, err)
 			}
 		}
-		var opts string
-		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ', '), '') FROM pg_class WHERE oid = 'sensor_state'::regclass`).Scan(&opts); err != nil {
-			return fmt.Errorf("sensor_state storage options: %w", err)
+		stmts, err := shadowDDL(ctx, tx)
+		if err != nil {
+			return err
 		}
-		stmts := []string{
-			`CREATE TABLE ` + ShadowTable + ` (LIKE sensor_state INCLUDING ALL)`,
-			`DELETE FROM checkpoints WHERE projection = '` + ShadowName + `'`,
-		}
-		if opts != "" {
-			stmts = append(stmts, `ALTER TABLE `+ShadowTable+` SET (`+opts+`)`)
-		}
+		stmts = append(stmts, `DELETE FROM checkpoints WHERE projection = '`+ShadowName+`'`)
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				return fmt.Errorf("create %s: %w", ShadowTable, err)

@@ -108,6 +108,21 @@ func afterRebuild(t testing.TB, e *stateEnv, res rebuild.Result) {
 	if !strings.HasPrefix(res.OldTable, OldTablePrefix) {
 		t.Errorf("old table %q", res.OldTable)
 	}
+	// The swapped-in table is partitioned as migration 00070 made sensor_state, under the
+	// names the migration gave, so that the next rebuild's shadow finds them free.
+	var key, parts, shadowNamed string
+	if err := e.pg.QueryRow(t.Context(), `SELECT coalesce(pg_get_partkeydef('sensor_state'::regclass), ''),
+			coalesce((SELECT string_agg(c.relname || ' ' || pg_get_expr(c.relpartbound, c.oid) || ' ' || array_to_string(c.reloptions, ','), '; ' ORDER BY c.relname)
+				FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'sensor_state'::regclass), ''),
+			coalesce((SELECT string_agg(c.relname, ' ') FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+				WHERE c.relname LIKE '%rebuild%' AND x.indrelid IN
+					(SELECT 'sensor_state'::regclass UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = 'sensor_state'::regclass)), '')`).Scan(&key, &parts, &shadowNamed); err != nil {
+		t.Fatal(err)
+	}
+	if key != "HASH (sensor_id)" || !strings.HasPrefix(parts, "sensor_state_p00 FOR VALUES WITH (modulus 16, remainder 0) fillfactor=70; sensor_state_p01 ") ||
+		strings.Count(parts, "fillfactor=70") != 16 || strings.Contains(parts, "rebuild") || shadowNamed != "" {
+		t.Errorf("sensor_state after the swap: partitioned by %q, partitions %q, indexes with the shadow's names %q", key, parts, shadowNamed)
+	}
 }
 
 // rebuildContinues runs the rebuild again after an interrupted one (the run) and asserts it

@@ -42,11 +42,15 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 				return fmt.Errorf("tail of partition %d: %w", w.p, err)
 			}
 		}
-		renames, err := indexRenames(ctx, tx, old)
+		renames, err := indexRenames(ctx, tx, "sensor_state", ShadowTable, old)
 		if err != nil {
 			return err
 		}
-		stmts := append(renames,
+		parts, err := partitionRenames(ctx, tx, old)
+		if err != nil {
+			return err
+		}
+		stmts := append(append(renames, parts...),
 			`ALTER TABLE sensor_state RENAME TO `+old,
 			`ALTER TABLE `+ShadowTable+` RENAME TO sensor_state`,
 			`DELETE FROM checkpoints WHERE projection = '`+ShadowName+`'`)
@@ -65,9 +69,10 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 	return old, nil
 }
 
-// indexRenames gives the live indexes names of the old table, and the shadow's indexes
-// (named by LIKE) the live names, matching them by definition.
-func indexRenames(ctx context.Context, tx pgx.Tx, old string) ([]string, error) {
+// indexRenames gives the indexes of live (sensor_state or one of its partitions) names of
+// the old table, and those of its twin in the shadow (named by LIKE) the live names,
+// matching them by definition.
+func indexRenames(ctx context.Context, tx pgx.Tx, live, shadow, old string) ([]string, error) {
 	list := func(table string) (map[string]string, error) {
 		rows, err := tx.Query(ctx, `SELECT c.relname, i.indisprimary::text || i.indisunique::text || regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING ', '')
 			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass`, table)
@@ -86,19 +91,19 @@ func indexRenames(ctx context.Context, tx pgx.Tx, old string) ([]string, error) 
 		rows.Close()
 		return byDef, rows.Err()
 	}
-	live, err := list("sensor_state")
+	liveIdx, err := list(live)
 	if err != nil {
 		return nil, err
 	}
-	shadow, err := list(ShadowTable)
+	shadowIdx, err := list(shadow)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for def, name := range live {
-		sname, ok := shadow[def]
+	for def, name := range liveIdx {
+		sname, ok := shadowIdx[def]
 		if !ok {
-			return nil, fmt.Errorf("index %s of sensor_state has no twin in %s: the table changed during the rebuild", name, ShadowTable)
+			return nil, fmt.Errorf("index %s of %s has no twin in %s: the table changed during the rebuild", name, live, shadow)
 		}
 		oldName := old + strings.TrimPrefix(name, "sensor_state")
 		if len(oldName) > 63 {
@@ -121,7 +126,9 @@ func indexRenames(ctx context.Context, tx pgx.Tx, old string) ([]string, error) 
 
 // DropOld drops the tables earlier swaps replaced and returns their names.
 func DropOld(ctx context.Context, pg *pgxpool.Pool) ([]string, error) {
-	rows, err := pg.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1 ORDER BY tablename`,
+	// Partitions go with their table.
+	rows, err := pg.Query(ctx, `SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace
+		AND relkind IN ('r', 'p') AND NOT relispartition AND relname LIKE $1 ORDER BY relname`,
 		strings.ReplaceAll(OldTablePrefix, "_", `\_`)+"%")
 	if err != nil {
 		return nil, fmt.Errorf("list old state tables: %w", err)
