@@ -155,6 +155,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if _, err := os.Stat(cfg.Accounts); err != nil {
+		return nil, fmt.Errorf("cluster: the NATS accounts file: %w", err)
+	}
 	c := &Cluster{cfg: cfg}
 	if err := c.start(ctx); err != nil {
 		c.Stop()
