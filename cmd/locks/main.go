@@ -102,6 +102,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	switch cmd {
 	case "migrate":
 		err = migrate(ctx, cfg, true, true, log)
+		if err == nil && cfg.NATSURL != "" {
+			err = declareNATS(ctx, cfg, log)
+		}
 	case "loadgen":
 		err = runLoadgen(ctx, cfg, lg, stdout, log)
 	case "replay":

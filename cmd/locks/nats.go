@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -35,4 +38,30 @@ func dialNATS(cfg config.Config, url, name string, embedded bool, log *slog.Logg
 		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
 	}
 	return nc, nil
+}
+
+// declareNATS creates or completes the streams and buckets on LOCKS_NATS_URL, for `locks
+// migrate`: where parts run as NATS users that may not declare (LOCKS_NATS_DECLARE=false),
+// the operator's user does it once, with the databases' migrations.
+func declareNATS(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	nc, err := dialNATS(cfg, cfg.NATSURL, "locks-migrate", false, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(cfg.NATSURL), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL})
+	if err != nil {
+		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(cfg.NATSURL), err)
+	}
+	log.Info("declared NATS streams and buckets", "replicas", cfg.NATSReplicas, "partitions", cfg.Partitions)
+	return nil
 }

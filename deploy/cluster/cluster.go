@@ -48,7 +48,7 @@ type Config struct {
 	LocksBin string // the locks binary; required
 	NodeBin  string // deploy/cluster/natsnode built; required
 	// Accounts is the nats-server file with the users (included by every node's config); it
-	// reads each user's password from LOCKS_NATS_PASSWORD_<USER>. Required: see Accounts().
+	// reads each user's password from LOCKS_NATS_<USER>_PASSWORD. Required: see Accounts().
 	Accounts string
 	Nodes    int
 	PerPart  int
@@ -118,15 +118,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Accounts is the accounts file of the repository at root: deploy/nats/accounts.conf with
-// the per-part users and permissions, or the placeholder beside this package until it exists.
-func Accounts(root string) string {
-	real := filepath.Join(root, "deploy", "nats", "accounts.conf")
-	if _, err := os.Stat(real); err == nil {
-		return real
-	}
-	return filepath.Join(root, "deploy", "cluster", "accounts.placeholder.conf")
-}
+// Accounts is the accounts file of the repository at root: deploy/nats/accounts.conf, with
+// the per-part users and permissions.
+func Accounts(root string) string { return filepath.Join(root, "deploy", "nats", "accounts.conf") }
 
 // Cluster is a running topology.
 type Cluster struct {
@@ -190,8 +184,9 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	// Migrations once, before any part: the parts' own start-up migration then finds nothing to do.
+	// As admin, it also declares the NATS streams and buckets, which the parts' users may not.
 	mig := exec.CommandContext(ctx, c.cfg.LocksBin, "migrate")
-	mig.Env = append(os.Environ(), c.cfg.Env...)
+	mig.Env = append(append(os.Environ(), c.cfg.Env...), "LOCKS_NATS_URL="+natsURL(c.nodes, AdminUser, c.passwords[AdminUser]))
 	if out, err := mig.CombinedOutput(); err != nil {
 		return fmt.Errorf("locks migrate: %w: %s", err, out)
 	}
@@ -242,6 +237,7 @@ func (c *Cluster) startPart(ctx context.Context, p *Part) error {
 	cmd := exec.Command(c.cfg.LocksBin, args...)
 	cmd.Env = append(append(os.Environ(), c.cfg.Env...),
 		"LOCKS_NATS_URL="+natsURL(c.nodes, p.Part, c.passwords[p.Part]),
+		"LOCKS_NATS_DECLARE=false",
 		"LOCKS_HTTP_ADDR="+p.HTTPAddr,
 		"LOCKS_GRPC_ADDR="+p.GRPCAddr,
 		"LOCKS_DATA_DIR="+filepath.Join(c.cfg.Dir, name),

@@ -64,7 +64,7 @@ func passwords(users []string) (map[string]string, error) {
 }
 
 // passwordVar is the environment variable the accounts file reads a user's password from.
-func passwordVar(user string) string { return "LOCKS_NATS_PASSWORD_" + strings.ToUpper(user) }
+func passwordVar(user string) string { return "LOCKS_NATS_" + strings.ToUpper(user) + "_PASSWORD" }
 
 // natsURL lists every node with user's credentials, for LOCKS_NATS_URL.
 func natsURL(nodes []node, user, password string) string {

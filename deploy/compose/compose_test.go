@@ -149,10 +149,12 @@ func TestComposeNATSConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nats.conf: %v", err)
 	}
-	auth, _ := m["authorization"].(map[string]any)
-	users, _ := auth["users"].([]any)
+	// The users of deploy/nats/accounts.conf, in its account LOCKS.
+	accounts, _ := m["accounts"].(map[string]any)
+	locks, _ := accounts["LOCKS"].(map[string]any)
+	users, _ := locks["users"].([]any)
 	if len(users) < len(parts) {
-		t.Fatalf("the accounts file has %d users, want one per part at least: %v", len(users), m["authorization"])
+		t.Fatalf("the accounts file has %d users, want one per part at least: %v", len(users), m["accounts"])
 	}
 	for _, u := range users {
 		um, _ := u.(map[string]any)

@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
@@ -27,6 +28,7 @@ type rendered struct {
 	deployments []appsv1.Deployment
 	pdbs        []policyv1.PodDisruptionBudget
 	secrets     []corev1.Secret
+	jobs        []batchv1.Job // hooks
 }
 
 func render(t *testing.T, vals map[string]any) (rendered, error) {
@@ -44,6 +46,13 @@ func render(t *testing.T, vals map[string]any) (rendered, error) {
 		return rendered{}, err
 	}
 	var r rendered
+	for _, h := range rel.Hooks {
+		var j batchv1.Job
+		if err := yaml.UnmarshalStrict([]byte(h.Manifest), &j); err != nil || j.Kind != "Job" {
+			t.Fatalf("hook %s is not a valid Job: %v\n%s", h.Name, err, h.Manifest)
+		}
+		r.jobs = append(r.jobs, j)
+	}
 	for name, doc := range releaseutil.SplitManifests(rel.Manifest) {
 		var head struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
@@ -99,6 +108,18 @@ func TestRenderDefaults(t *testing.T) {
 			t.Errorf("Secret has no %s", k)
 		}
 	}
+	// The streams are declared by the migrate Job, as the NATS admin user.
+	if len(r.jobs) != 1 || !slices.Equal(r.jobs[0].Spec.Template.Spec.Containers[0].Args, []string{"migrate"}) {
+		t.Fatalf("hooks %+v, want one Job running locks migrate", r.jobs)
+	}
+	jobEnv := map[string]corev1.EnvVar{}
+	for _, e := range r.jobs[0].Spec.Template.Spec.Containers[0].Env {
+		jobEnv[e.Name] = e
+	}
+	if u := jobEnv["LOCKS_NATS_URL"].Value; u != "nats://admin:$(NATS_PASSWORD)@nats:4222" ||
+		jobEnv["NATS_PASSWORD"].ValueFrom == nil || len(secret.Data[jobEnv["NATS_PASSWORD"].ValueFrom.SecretKeyRef.Key]) == 0 {
+		t.Errorf("migrate Job: LOCKS_NATS_URL %q, NATS_PASSWORD %+v: want the admin user from the Secret", u, jobEnv["NATS_PASSWORD"])
+	}
 	byPart := map[string][]appsv1.Deployment{}
 	for _, d := range r.deployments {
 		byPart[d.Spec.Template.Labels["app.kubernetes.io/component"]] = append(byPart[d.Spec.Template.Labels["app.kubernetes.io/component"]], d)
@@ -140,6 +161,9 @@ func TestRenderDefaults(t *testing.T) {
 			if u := env["LOCKS_NATS_URL"].Value; u != "nats://"+part+":$(NATS_PASSWORD)@nats:4222" ||
 				slices.Index(order, "NATS_PASSWORD") > slices.Index(order, "LOCKS_NATS_URL") {
 				t.Errorf("%s: LOCKS_NATS_URL %q (env order %v)", d.Name, u, order)
+			}
+			if env["LOCKS_NATS_DECLARE"].Value != "false" {
+				t.Errorf("%s: LOCKS_NATS_DECLARE %+v, want false (its NATS user may not declare)", d.Name, env["LOCKS_NATS_DECLARE"])
 			}
 			if (part == "api") != (env["LOCKS_API_TOKENS"].ValueFrom != nil) {
 				t.Errorf("%s: LOCKS_API_TOKENS %+v: only the api gets the tokens", d.Name, env["LOCKS_API_TOKENS"])
