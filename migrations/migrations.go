@@ -41,10 +41,18 @@ func Postgres() fs.FS { s, _ := fs.Sub(postgresFS, "postgres"); return s }
 func ClickHouse() fs.FS { s, _ := fs.Sub(clickhouseFS, "clickhouse"); return s }
 
 // MigratePostgres creates the database of dsn if missing and applies every migration.
+// ConnectTimeout bounds each connection attempt of a migration.
+const ConnectTimeout = 10 * time.Second
+
 func MigratePostgres(ctx context.Context, dsn string, log *slog.Logger) error {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("LOCKS_POSTGRES_URL: %w", err)
+	}
+	// An unreachable server surfaces within seconds; the migrations themselves (a table moved
+	// into partitions, another process's run waited for) may take long.
+	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > ConnectTimeout {
+		cfg.ConnectTimeout = ConnectTimeout
 	}
 	if err := createPostgresDB(ctx, cfg); err != nil {
 		return err
@@ -119,8 +127,8 @@ func MigrateClickHouseWith(ctx context.Context, dsn string, opts ClickHouseOptio
 		return fmt.Errorf("LOCKS_CLICKHOUSE_URL: %w", err)
 	}
 	name := ClickHouseDatabase(dsn)
-	if copts.DialTimeout == 0 || copts.DialTimeout > 10*time.Second {
-		copts.DialTimeout = 10 * time.Second
+	if copts.DialTimeout == 0 || copts.DialTimeout > ConnectTimeout {
+		copts.DialTimeout = ConnectTimeout
 	}
 	copts.ReadTimeout = time.Minute
 	admin := *copts

@@ -101,11 +101,14 @@ func (o runOptions) any(parts []string) bool {
 	return slices.ContainsFunc(o.targets, func(t string) bool { return slices.Contains(parts, t) })
 }
 
-// migrate applies the migrations of the databases asked for. Connection problems must surface
-// within 15 s with the variable named, so each database gets a bounded context.
+// migrate applies the migrations of the databases asked for. Connection problems surface
+// within migrations.ConnectTimeout with the variable named; a migration itself (moving a large
+// table into partitions, or waiting for another process's run) gets migrateTimeout.
+const migrateTimeout = 30 * time.Minute
+
 func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logger) error {
 	if pg {
-		c, cancel := context.WithTimeout(ctx, 12*time.Second)
+		c, cancel := context.WithTimeout(ctx, migrateTimeout)
 		err := migrations.MigratePostgres(c, cfg.PostgresURL, log)
 		cancel()
 		if err != nil {
@@ -113,7 +116,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 		}
 	}
 	if ch {
-		c, cancel := context.WithTimeout(ctx, 12*time.Second)
+		c, cancel := context.WithTimeout(ctx, migrateTimeout)
 		// Under the Postgres advisory lock, taken only when a migration is missing.
 		err := migrations.MigrateClickHouseWith(c, cfg.ClickHouseURL, migrations.ClickHouseOptions{
 			Cluster: cfg.ClickHouseCluster, LockPostgresURL: cfg.PostgresURL}, log)
