@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lock-sensors/lock-sensors/deploy/cluster"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
@@ -106,8 +109,8 @@ func connectedUsers(t *testing.T, monitor string) map[string]int {
 }
 
 // owners reads who owns each state partition in the fence.
-func (r *run) owners(ctx context.Context) (map[int]string, error) {
-	rows, err := r.pg.Query(ctx, "SELECT partition, owner FROM partition_owners WHERE projection = 'state'")
+func owners(ctx context.Context, pg *pgxpool.Pool) (map[int]string, error) {
+	rows, err := pg.Query(ctx, "SELECT partition, owner FROM partition_owners WHERE projection = 'state'")
 	if err != nil {
 		return nil, err
 	}
@@ -122,24 +125,21 @@ func (r *run) owners(ctx context.Context) (map[int]string, error) {
 // host-pid-random).
 func ownedBy(owner string, pid int) bool { return strings.Contains(owner, fmt.Sprintf("-%d-", pid)) }
 
-// bothOwn waits until each state process owns partitions.
-func (r *run) bothOwn() {
-	testenv.Eventually(r.t, time.Minute, "both state processes to own partitions", func() bool {
-		for _, p := range r.c.Of("state") {
-			if metric(p, "locks_lease_partitions") < 1 {
-				return false
-			}
+// bothOwn says whether each state process owns partitions.
+func bothOwn(c *cluster.Cluster) bool {
+	for _, p := range c.Of("state") {
+		if metric(p, "locks_lease_partitions") < 1 {
+			return false
 		}
-		return true
-	})
+	}
+	return true
 }
 
-// waitTakeover polls the fence until no partition is owned by pid any more and returns how
-// long that took from since; every partition must have an owner.
-func (r *run) waitTakeover(pid int, since time.Time, within time.Duration) time.Duration {
-	t := r.t
+// takeover polls the fence until every partition has an owner and none is the process with
+// pid, and returns how long that took from since.
+func takeover(ctx context.Context, pg *pgxpool.Pool, pid int, since time.Time, within time.Duration) (time.Duration, error) {
 	for {
-		m, err := r.owners(t.Context())
+		m, err := owners(ctx, pg)
 		if err == nil && len(m) == partitions {
 			left := 0
 			for _, o := range m {
@@ -148,30 +148,42 @@ func (r *run) waitTakeover(pid int, since time.Time, within time.Duration) time.
 				}
 			}
 			if left == 0 {
-				return time.Since(since)
+				return time.Since(since), nil
 			}
 		}
 		if time.Since(since) > within {
-			t.Fatalf("the partitions of pid %d were not taken over within %s: %v (%v)", pid, within, m, err)
+			return 0, fmt.Errorf("the partitions of pid %d were not taken over within %s: %v (%v)", pid, within, m, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+			return 0, ctx.Err()
+		}
 	}
+}
+
+// stateVictim waits until both state processes own partitions and returns the first.
+func (r *run) stateVictim() *cluster.Part {
+	r.warm()
+	testenv.Eventually(r.t, time.Minute, "both state processes to own partitions", func() bool {
+		return bothOwn(r.c)
+	})
+	return r.c.Of("state")[0]
 }
 
 // SIGKILL one of the two state processes: the other takes its partitions within 10 s.
 func TestFaultStateProcessKilled(t *testing.T) {
 	requireFaults(t)
 	r := startRun(t, localServers(t), 60*time.Second)
-	r.warm()
-	r.bothOwn()
-	victim := r.c.Of("state")[0]
+	victim := r.stateVictim()
 	pid := victim.Cmd.Process.Pid
 	had := metric(victim, "locks_lease_partitions")
 	at := time.Now()
 	if err := victim.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	took := r.waitTakeover(pid, at, 30*time.Second)
+	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("SIGKILL %s (owned %v partitions): taken over in %s (LOCKS_LEASE_TTL %s)", victim.Name, had, took.Round(10*time.Millisecond), lease.TTLDefault)
 	if took > 10*time.Second {
 		t.Errorf("takeover took %s, want within 10 s", took)
@@ -184,9 +196,7 @@ func TestFaultStateProcessKilled(t *testing.T) {
 func TestFaultStateProcessPaused(t *testing.T) {
 	requireFaults(t)
 	r := startRun(t, localServers(t), 60*time.Second)
-	r.warm()
-	r.bothOwn()
-	victim := r.c.Of("state")[0]
+	victim := r.stateVictim()
 	pid := victim.Cmd.Process.Pid
 	lost0 := metric(victim, "locks_lease_lost_total")
 	applied0 := metric(victim, "locks_state_applied_total") // its metrics cannot change while stopped
@@ -195,7 +205,10 @@ func TestFaultStateProcessPaused(t *testing.T) {
 	if err := victim.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	took := r.waitTakeover(pid, at, 30*time.Second)
+	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Past the lease by a margin, so that the process wakes with every lease long gone.
 	if !backoff.Sleep(t.Context(), max(0, 2*lease.TTLDefault-time.Since(at))) {
 		t.Fatal("the test ended while the process was stopped")

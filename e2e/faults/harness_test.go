@@ -53,7 +53,7 @@ var (
 )
 
 // bins builds the locks binary and natsnode once per test binary.
-func bins(t *testing.T) (string, string) {
+func bins(t testing.TB) (string, string) {
 	t.Helper()
 	binOnce.Do(func() {
 		if repoRootEr != nil {
@@ -80,7 +80,7 @@ type servers struct {
 }
 
 // localServers are the machine's shared servers, with a database and queue of t's own.
-func localServers(t *testing.T) servers {
+func localServers(t testing.TB) servers {
 	rabbit := testenv.RabbitMQ(t)
 	return servers{pgURL: testenv.PostgresURL(t), chAddr: testenv.ClickHouseAddr(), amqpURL: rabbit.URL, queue: rabbit.Queue}
 }
@@ -113,15 +113,14 @@ type sample struct {
 	webhooks  int64     // distinct webhooks received
 }
 
-// startRun starts the cluster (R3 streams, state sharing partitions by leases), registers
-// the fleet with a webhook receiver, starts the load for dur and samples every second.
-func startRun(t *testing.T, srv servers, dur time.Duration, extraEnv ...string) *run {
-	locks, node := bins(t)
+// clusterConfig is the topology of the suite on srv: R3 streams, state sharing partitions by
+// leases, webhooks to private addresses allowed and retried soon, a ClickHouse database of tb's.
+func clusterConfig(tb testing.TB, srv servers, out *testenv.LogBuffer, extraEnv ...string) cluster.Config {
+	locks, node := bins(tb)
 	chDB := testenv.Name("locks_faults")
-	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	r := &run{t: t, out: &testenv.LogBuffer{}, srv: srv, books: make(chan booksResult, 1)}
-	c, err := cluster.Start(t.Context(), cluster.Config{
-		Dir: t.TempDir(), LocksBin: locks, NodeBin: node, Accounts: cluster.Accounts(repoRoot), Out: r.out,
+	tb.Cleanup(func() { testenv.DropClickHouseDatabase(tb, chDB) })
+	return cluster.Config{
+		Dir: tb.TempDir(), LocksBin: locks, NodeBin: node, Accounts: cluster.Accounts(repoRoot), Out: out,
 		// As TestClusterSmoke: fsync every second, not every write, on a shared 2-core machine.
 		Sync: "1s", Replicas: 3, Partitions: "auto",
 		Env: append([]string{
@@ -131,7 +130,14 @@ func startRun(t *testing.T, srv servers, dur time.Duration, extraEnv ...string) 
 			"LOCKS_API_TOKENS=" + token, fmt.Sprintf("LOCKS_PARTITIONS=%d", partitions),
 			"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_RETRY_SCHEDULE=500ms,1s,2s,5s,10s,30s",
 		}, extraEnv...),
-	})
+	}
+}
+
+// startRun starts the cluster (R3 streams, state sharing partitions by leases), registers
+// the fleet with a webhook receiver, starts the load for dur and samples every second.
+func startRun(t *testing.T, srv servers, dur time.Duration, extraEnv ...string) *run {
+	r := &run{t: t, out: &testenv.LogBuffer{}, srv: srv, books: make(chan booksResult, 1)}
+	c, err := cluster.Start(t.Context(), clusterConfig(t, srv, r.out, extraEnv...))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, r.out.String())
 	}
