@@ -249,7 +249,7 @@ func TestBridgeNATSRestart(t *testing.T) {
 // 20,000 readings.
 func TestBridgeRabbitMQRestart(t *testing.T) {
 	t.Parallel()
-	node := privateRabbit(t)
+	node := testenv.PrivateRabbitMQ(t)
 	e := newEnv(t, node.URL)
 	n, sensors := restartReadings(t), 1000
 	var msgs []amqp.Publishing
@@ -262,7 +262,7 @@ func TestBridgeRabbitMQRestart(t *testing.T) {
 	stop := e.start(t, Config{})
 	testenv.Eventually(t, time.Minute, "a quarter appended", func() bool { return e.streamMsgs(t) >= uint64(n/4) })
 	before := e.streamMsgs(t)
-	node.restart()
+	node.Restart()
 	t.Logf("RabbitMQ restarted with %d of %d readings appended", before, n)
 	if before >= uint64(n) {
 		t.Fatal("the run ended before the restart")

@@ -61,7 +61,12 @@ type Config struct {
 	Sync string
 	// Partitions is "split" (--partitions=i/k per process) or "auto" (no --partitions, for
 	// when the parts assign partitions among themselves).
-	Partitions  string
+	Partitions string
+	// Replicas of the streams and buckets `locks migrate` declares (LOCKS_NATS_REPLICAS); 0
+	// leaves the variable to Env (1 by default).
+	Replicas int
+	// LeaseTTL is every process's LOCKS_LEASE_TTL; 0 leaves it to Env.
+	LeaseTTL    time.Duration
 	Env         []string  // LOCKS_* for every locks process: databases, queue, API tokens, …
 	Out         io.Writer // every process's output, one prefixed line at a time
 	ReadyWithin time.Duration
@@ -115,7 +120,22 @@ func (c Config) Validate() error {
 	if c.Partitions != "split" && c.Partitions != "auto" {
 		return fmt.Errorf("cluster: Partitions %q: want split or auto", c.Partitions)
 	}
+	if c.Replicas < 0 || c.Replicas > c.Nodes || c.LeaseTTL < 0 {
+		return fmt.Errorf("cluster: Replicas %d must be within 0..Nodes (%d), LeaseTTL not negative", c.Replicas, c.Nodes)
+	}
 	return nil
+}
+
+// env is what every locks process gets: the caller's Env, then the knobs that are set.
+func (c Config) env() []string {
+	env := append(os.Environ(), c.Env...)
+	if c.Replicas > 0 {
+		env = append(env, "LOCKS_NATS_REPLICAS="+strconv.Itoa(c.Replicas))
+	}
+	if c.LeaseTTL > 0 {
+		env = append(env, "LOCKS_LEASE_TTL="+c.LeaseTTL.String())
+	}
+	return env
 }
 
 // Accounts is the accounts file of the repository at root: deploy/nats/accounts.conf, with
@@ -186,7 +206,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	// Migrations once, before any part: the parts' own start-up migration then finds nothing to do.
 	// As admin, it also declares the NATS streams and buckets, which the parts' users may not.
 	mig := exec.CommandContext(ctx, c.cfg.LocksBin, "migrate")
-	mig.Env = append(append(os.Environ(), c.cfg.Env...), "LOCKS_NATS_URL="+natsURL(c.nodes, AdminUser, c.passwords[AdminUser]))
+	mig.Env = append(c.cfg.env(), "LOCKS_NATS_URL="+natsURL(c.nodes, AdminUser, c.passwords[AdminUser]))
 	if out, err := mig.CombinedOutput(); err != nil {
 		return fmt.Errorf("locks migrate: %w: %s", err, out)
 	}
@@ -235,7 +255,7 @@ func (c *Cluster) startPart(ctx context.Context, p *Part) error {
 		args = append(args, fmt.Sprintf("--partitions=%d/%d", p.Index, c.cfg.PerPart))
 	}
 	cmd := exec.Command(c.cfg.LocksBin, args...)
-	cmd.Env = append(append(os.Environ(), c.cfg.Env...),
+	cmd.Env = append(c.cfg.env(),
 		"LOCKS_NATS_URL="+natsURL(c.nodes, p.Part, c.passwords[p.Part]),
 		"LOCKS_NATS_DECLARE=false",
 		"LOCKS_HTTP_ADDR="+p.HTTPAddr,

@@ -96,12 +96,7 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 		if err := os.WriteFile(conf, []byte(nodeConf(n, c.nodes, filepath.Join(dir, "jetstream"), c.cfg.Sync, rel)), 0o644); err != nil {
 			return err
 		}
-		cmd := exec.Command(c.cfg.NodeBin, "-c", conf)
-		cmd.Env = os.Environ()
-		for u, pw := range c.passwords {
-			cmd.Env = append(cmd.Env, passwordVar(u)+"="+pw)
-		}
-		p, err := start(n.name, cmd, c.cfg.Out, &c.outMu)
+		p, err := c.startNode(n)
 		if err != nil {
 			return err
 		}
@@ -114,6 +109,46 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// startNode runs one node on the config startNodes wrote.
+func (c *Cluster) startNode(n node) (*Process, error) {
+	cmd := exec.Command(c.cfg.NodeBin, "-c", filepath.Join(c.cfg.Dir, n.name, "nats.conf"))
+	cmd.Env = os.Environ()
+	for u, pw := range c.passwords {
+		cmd.Env = append(cmd.Env, passwordVar(u)+"="+pw)
+	}
+	return start(n.name, cmd, c.cfg.Out, &c.outMu)
+}
+
+// NodeMonitor is node i's monitoring base URL (/healthz, /connz, /jsz).
+func (c *Cluster) NodeMonitor(i int) string { return "http://" + c.nodes[i].monitor }
+
+// NodeIndex is the index in Nodes of the node whose server_name is name, or -1.
+func (c *Cluster) NodeIndex(name string) int {
+	for i, n := range c.nodes {
+		if n.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// RestartNode starts node i again, on its config and store, once its process has exited (a
+// fault test SIGKILLs it first), and returns when its /healthz answers 200.
+func (c *Cluster) RestartNode(ctx context.Context, i int) error {
+	old := c.Nodes[i]
+	select {
+	case <-old.Done():
+	default:
+		return fmt.Errorf("%s is still running", old.Name)
+	}
+	p, err := c.startNode(c.nodes[i])
+	if err != nil {
+		return err
+	}
+	c.Nodes[i] = p
+	return waitHTTP(ctx, p, "http://"+c.nodes[i].monitor+"/healthz", 90*time.Second)
 }
 
 // waitHTTP polls u until it answers 200, the process exits or within passes.

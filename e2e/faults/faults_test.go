@@ -1,0 +1,240 @@
+package faults_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lock-sensors/lock-sensors/deploy/cluster"
+
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// nodeDown is how long a killed NATS node stays down.
+const nodeDown = 30 * time.Second
+
+// SIGKILL the READINGS stream's leader, keep it down 30 s, restart it.
+func TestFaultNATSLeaderKilled(t *testing.T) {
+	requireFaults(t)
+	r := startRun(t, localServers(t), 90*time.Second)
+	r.warm()
+	info, err := r.js.Stream(t.Context(), natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := info.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if si.Config.Replicas != 3 || si.Cluster == nil {
+		t.Fatalf("READINGS has %d replicas, want 3", si.Config.Replicas)
+	}
+	r.killNode(r.c.NodeIndex(si.Cluster.Leader), "the READINGS leader")
+	r.finish()
+}
+
+// SIGKILL the node the notifier (and whatever else is there) is connected to, keep it down
+// 30 s, restart it.
+func TestFaultNATSConnectedNodeKilled(t *testing.T) {
+	requireFaults(t)
+	r := startRun(t, localServers(t), 90*time.Second)
+	r.warm()
+	best, most := -1, 0
+	for i := range r.c.Nodes {
+		users := connectedUsers(t, r.c.NodeMonitor(i))
+		if users["notifier"] > 0 && len(users) > most {
+			best, most = i, len(users)
+		}
+		t.Logf("%s: connections by user %v", r.c.Nodes[i].Name, users)
+	}
+	if best < 0 {
+		t.Fatal("no node has a notifier connection")
+	}
+	r.killNode(best, "the node a notifier is connected to")
+	r.finish()
+}
+
+// killNode SIGKILLs node i, keeps it down nodeDown, restarts it, and logs how long the
+// committed readings stood still around the kill.
+func (r *run) killNode(i int, what string) {
+	t := r.t
+	n := r.c.Nodes[i]
+	t.Logf("SIGKILL %s, %s", n.Name, what)
+	at := time.Now()
+	if err := n.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-n.Done()
+	if !backoff.Sleep(t.Context(), nodeDown) {
+		t.Fatal("the test ended while the node was down")
+	}
+	if err := r.c.RestartNode(t.Context(), i); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s restarted after %s; committed readings stood still %s around the kill", n.Name,
+		time.Since(at).Round(time.Second), r.stallAround(at).Round(time.Second))
+}
+
+// connectedUsers counts a node's client connections by NATS user, from its /connz.
+func connectedUsers(t *testing.T, monitor string) map[string]int {
+	resp, err := http.Get(monitor + "/connz?auth=1&limit=1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var cz struct {
+		Connections []struct {
+			User string `json:"authorized_user"`
+		} `json:"connections"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&cz); err != nil {
+		t.Fatal(err)
+	}
+	users := map[string]int{}
+	for _, c := range cz.Connections {
+		users[c.User]++
+	}
+	return users
+}
+
+// owners reads who owns each state partition in the fence.
+func owners(ctx context.Context, pg *pgxpool.Pool) (map[int]string, error) {
+	rows, err := pg.Query(ctx, "SELECT partition, owner FROM partition_owners WHERE projection = 'state'")
+	if err != nil {
+		return nil, err
+	}
+	m := map[int]string{}
+	var p int
+	var o string
+	_, err = pgx.ForEachRow(rows, []any{&p, &o}, func() error { m[p] = o; return nil })
+	return m, err
+}
+
+// ownedBy says whether owner is the lease owner id of the process with pid (lease.NewOwner:
+// host-pid-random).
+func ownedBy(owner string, pid int) bool { return strings.Contains(owner, fmt.Sprintf("-%d-", pid)) }
+
+// bothOwn says whether each state process owns partitions.
+func bothOwn(c *cluster.Cluster) bool {
+	for _, p := range c.Of("state") {
+		if metric(p, "locks_lease_partitions") < 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// takeover polls the fence until every partition has an owner and none is the process with
+// pid, and returns how long that took from since.
+func takeover(ctx context.Context, pg *pgxpool.Pool, pid int, since time.Time, within time.Duration) (time.Duration, error) {
+	for {
+		m, err := owners(ctx, pg)
+		if err == nil && len(m) == partitions {
+			left := 0
+			for _, o := range m {
+				if ownedBy(o, pid) {
+					left++
+				}
+			}
+			if left == 0 {
+				return time.Since(since), nil
+			}
+		}
+		if time.Since(since) > within {
+			return 0, fmt.Errorf("the partitions of pid %d were not taken over within %s: %v (%v)", pid, within, m, err)
+		}
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// stateVictim waits until both state processes own partitions and returns the first.
+func (r *run) stateVictim() *cluster.Part {
+	r.warm()
+	testenv.Eventually(r.t, time.Minute, "both state processes to own partitions", func() bool {
+		return bothOwn(r.c)
+	})
+	return r.c.Of("state")[0]
+}
+
+// SIGKILL one of the two state processes: the other takes its partitions within 10 s.
+func TestFaultStateProcessKilled(t *testing.T) {
+	requireFaults(t)
+	r := startRun(t, localServers(t), 60*time.Second)
+	victim := r.stateVictim()
+	pid := victim.Cmd.Process.Pid
+	had := metric(victim, "locks_lease_partitions")
+	at := time.Now()
+	if err := victim.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("SIGKILL %s (owned %v partitions): taken over in %s (LOCKS_LEASE_TTL %s)", victim.Name, had, took.Round(10*time.Millisecond), lease.TTLDefault)
+	if took > 10*time.Second {
+		t.Errorf("takeover took %s, want within 10 s", took)
+	}
+	r.finish()
+}
+
+// SIGSTOP a state process past its lease, then SIGCONT: it commits nothing for the
+// partitions it lost (its applied count stands until it claims a partition again).
+func TestFaultStateProcessPaused(t *testing.T) {
+	requireFaults(t)
+	r := startRun(t, localServers(t), 60*time.Second)
+	victim := r.stateVictim()
+	pid := victim.Cmd.Process.Pid
+	lost0 := metric(victim, "locks_lease_lost_total")
+	applied0 := metric(victim, "locks_state_applied_total") // its metrics cannot change while stopped
+	claims0 := metric(victim, "locks_lease_claims_total")
+	at := time.Now()
+	if err := victim.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the lease by a margin, so that the process wakes with every lease long gone.
+	if !backoff.Sleep(t.Context(), max(0, 2*lease.TTLDefault-time.Since(at))) {
+		t.Fatal("the test ended while the process was stopped")
+	}
+	stopped := time.Since(at)
+	if err := victim.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// Until it claims a partition again, it must commit nothing.
+	var applied, claims float64
+	deadline := time.Now().Add(3 * lease.TTLDefault)
+	for time.Now().Before(deadline) {
+		applied, claims = metric(victim, "locks_state_applied_total"), metric(victim, "locks_lease_claims_total")
+		if claims > claims0 {
+			break
+		}
+		if applied > applied0 {
+			t.Fatalf("after SIGCONT, %s applied %v readings without claiming a partition again", victim.Name, applied-applied0)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	lost := metric(victim, "locks_lease_lost_total")
+	t.Logf("SIGSTOP %s for %s: its partitions taken over in %s; after SIGCONT it counted %v partitions lost, applied %v before claiming again (claims %v → %v)",
+		victim.Name, stopped.Round(100*time.Millisecond), took.Round(10*time.Millisecond), lost-lost0, applied-applied0, claims0, claims)
+	if lost <= lost0 {
+		t.Errorf("%s did not count its lost partitions (locks_lease_lost_total %v → %v)", victim.Name, lost0, lost)
+	}
+	r.finish()
+}
