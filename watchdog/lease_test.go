@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
@@ -189,5 +190,48 @@ func TestWatchdogLeaseTakeover(t *testing.T) {
 		if got := f.of(s); len(got) != 1 {
 			t.Errorf("silent sensor %s (partition %d): %d liveness_timeout facts, want 1", s, partition.Of(s, testPartitions), len(got))
 		}
+	}
+}
+
+// A watchdog settles nothing for a partition it no longer holds: not owned, or owned by a
+// Work whose context ended (lease lapsed or lost); owned, the same expiry gets its fact.
+func TestSettleOnlyWhileOwned(t *testing.T) {
+	t.Parallel()
+	const lostAfter = time.Second
+	e := newEnv(t, lostAfter)
+	f := e.collectFacts()
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.nats.JS.Stream(t.Context(), natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.reading("gone")
+	time.Sleep(lostAfter)
+	p := partition.Of("gone", testPartitions)
+	lapsed, cancel := context.WithCancel(t.Context())
+	cancel()
+	for name, ps := range map[string]*partState{"not owned": nil, "lease lapsed": {lease: lapsed}} {
+		w.parts[p] = ps
+		if ps == nil {
+			delete(w.parts, p)
+		}
+		if err := w.settle(t.Context(), s, "gone", candidate{}); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := len(f.of("gone")); n != 0 {
+		t.Fatalf("%d facts appended for a partition not held, want 0", n)
+	}
+	w.parts[p] = &partState{lease: t.Context()}
+	if err := w.settle(t.Context(), s, "gone", candidate{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.waitFact("gone", time.Now().Add(5*time.Second)); !ok {
+		t.Fatal("no fact once the partition is held")
 	}
 }
