@@ -86,6 +86,13 @@ func Check(ctx context.Context, tx pgx.Tx, name string, p int, epoch int64) erro
 
 type untilKey struct{}
 
+// renew records a successful write of the lease sent at t, for the round and for Valid.
+func (h *hold) renew(t time.Time, ttl time.Duration) {
+	h.renewed = t
+	until := t.Add(ttl)
+	h.until.Store(&until)
+}
+
 // Valid reports whether the Work whose ctx this is may still act for its partition: ctx is
 // live and, for a leased partition, the lease was renewed less than TTL ago. The server keeps
 // a lease at least TTL after its last write was sent, so a Work that checks Valid before an

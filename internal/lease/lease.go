@@ -205,9 +205,8 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 				a.log.Warn("renew lease", "partition", p, "err", err)
 			}
 		default:
-			h.rev, h.renewed = rev, start
-			until := start.Add(a.cfg.TTL)
-			h.until.Store(&until)
+			h.rev = rev
+			h.renew(start, a.cfg.TTL)
 		}
 	}
 	members, taken, err := a.snapshot(rctx)
@@ -280,9 +279,8 @@ func (a *Assigner) snapshot(ctx context.Context) (int, map[int]bool, error) {
 func (a *Assigner) start(ctx context.Context, p int, rev uint64, renewed time.Time, work Work) {
 	a.claims.Inc()
 	wctx, cancel := context.WithCancel(ctx)
-	h := &hold{rev: rev, renewed: renewed, cancel: cancel, done: make(chan struct{})}
-	until := renewed.Add(a.cfg.TTL)
-	h.until.Store(&until)
+	h := &hold{rev: rev, cancel: cancel, done: make(chan struct{})}
+	h.renew(renewed, a.cfg.TTL)
 	wctx = context.WithValue(wctx, untilKey{}, &h.until)
 	a.held[p] = h
 	a.mu.Lock()
