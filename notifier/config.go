@@ -1,7 +1,6 @@
 package notifier
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
@@ -18,9 +18,14 @@ import (
 type Config struct {
 	// PartitionCount is the number of EVENTS partitions (LOCKS_PARTITIONS).
 	PartitionCount int
-	// Partitions of EVENTS this process consumes; nil means all of PartitionCount. Sending
-	// is shared by every notifier process through the delivery table.
+	// Partitions of EVENTS this process ingests; empty: its share of them, assigned and taken
+	// over through leases (internal/lease). Sending is shared by every notifier process
+	// through the delivery table.
 	Partitions partition.Set
+	// Owner names this process in the leases and the fence (lease.NewOwner by default).
+	Owner string
+	// LeaseTTL is how long a lease lives without renewal (lease.TTLDefault by default).
+	LeaseTTL time.Duration
 	// RetrySchedule lists the delays before attempts 2, 3, … (LOCKS_RETRY_SCHEDULE); empty
 	// means one attempt and no retry.
 	RetrySchedule []time.Duration
@@ -68,10 +73,8 @@ func (c *Config) setDefaults() {
 	defD(&c.BreakerCooldown, BreakerCooldownDefault)
 	defD(&c.BreakerMaxCooldown, BreakerMaxCooldownDefault)
 	defD(&c.Retention, RetentionDefault)
+	defD(&c.LeaseTTL, lease.TTLDefault)
 	c.BreakerMaxCooldown = max(c.BreakerMaxCooldown, c.BreakerCooldown)
-	if c.Partitions == nil && c.PartitionCount >= 1 {
-		c.Partitions = partition.All(c.PartitionCount)
-	}
 }
 
 // Validate reports the first wrong field.
@@ -91,9 +94,6 @@ func (c Config) Validate() error {
 		if p < 0 || p >= c.PartitionCount {
 			return fmt.Errorf("notifier: partition %d is not one of the %d", p, c.PartitionCount)
 		}
-	}
-	if len(c.Partitions) == 0 {
-		return errors.New("notifier: no partitions to consume")
 	}
 	return nil
 }

@@ -36,13 +36,15 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (e *env) child(schedule, crash string) *child {
+// child starts a notifier process; env adds variables (NAME=value) to its environment.
+func (e *env) child(schedule, crash string, env ...string) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1",
 		"LOCKS_POSTGRES_URL="+e.pgURL, "LOCKS_NATS_URL="+e.nats.URL, "LOCKS_RETRY_SCHEDULE="+schedule,
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_WEBHOOK_TIMEOUT=1s", "LOCKS_PARTITIONS=4",
 		crashpoint.Env+"="+crash)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout = logWriter{e.t, "child: "}
 	cmd.Stderr = logWriter{e.t, "child: "}
 	if err := cmd.Start(); err != nil {

@@ -34,6 +34,8 @@ import (
 const (
 	testPartitions = 4
 	childEnv       = "NOTIFIER_TEST_CHILD"
+	// ownerEnv names a child in the partition leases (lease_test.go).
+	ownerEnv = "NOTIFIER_TEST_OWNER"
 )
 
 // TestMain runs the notifier as a child process when childEnv is set (crash tests), with
@@ -71,7 +73,7 @@ func runChild() int {
 		return 1
 	}
 	n, err := New(Config{PartitionCount: cfg.Partitions, RetrySchedule: cfg.RetrySchedule, WebhookTimeout: cfg.WebhookTimeout,
-		WebhookAllowPrivate: cfg.WebhookAllowPrivate, PollInterval: 100 * time.Millisecond},
+		WebhookAllowPrivate: cfg.WebhookAllowPrivate, PollInterval: 100 * time.Millisecond, Owner: os.Getenv(ownerEnv)},
 		Deps{JS: js, PG: pool, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

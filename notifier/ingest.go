@@ -2,6 +2,7 @@ package notifier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -12,45 +13,43 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 // BatchDefault is Config.Batch: rows per ingest, claim or finish transaction.
 const BatchDefault = 256
 
-// ingest turns EVENTS messages into delivery rows, acknowledging each message only after
-// its rows are committed.
-func (n *Notifier) ingest(ctx context.Context) {
+// ingestRetryMax bounds the pause between tries of a batch that failed.
+const ingestRetryMax = 5 * time.Second
+
+// ingest turns partition p of EVENTS into delivery rows as the owner of epoch, acknowledging
+// each message only after its rows are committed, until ctx is done (nil) or a batch is
+// fenced (an error wrapping lease.ErrFenced: another process owns p now).
+func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
 	msgs := make(chan jetstream.Msg, 4*n.cfg.Batch)
-	var ccs []jetstream.ConsumeContext
-	defer func() {
-		for _, cc := range ccs {
-			cc.Stop()
+	var cc jetstream.ConsumeContext
+	for {
+		var err error
+		if cc, err = n.consume(ctx, p, msgs); err == nil {
+			break
 		}
-	}()
-	for _, p := range n.cfg.Partitions {
-		for {
-			cc, err := n.consume(ctx, p, msgs)
-			if err == nil {
-				ccs = append(ccs, cc)
-				break
-			}
-			n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
-			if !backoff.Sleep(ctx, time.Second) {
-				return
-			}
+		n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
+		if !backoff.Sleep(ctx, time.Second) {
+			return nil
 		}
 	}
-	n.log.Info("consuming EVENTS", "partitions", fmt.Sprint(n.cfg.Partitions))
+	defer cc.Stop()
+	n.log.Info("consuming EVENTS", "partition", p, "epoch", epoch)
 	batch := make([]jetstream.Msg, 0, n.cfg.Batch)
-	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	retry := backoff.New(100*time.Millisecond, ingestRetryMax)
 	for {
 		batch = batch[:0]
 		select {
 		case m := <-msgs:
 			batch = append(batch, m)
 		case <-ctx.Done():
-			return
+			return nil
 		}
 	more:
 		for len(batch) < n.cfg.Batch {
@@ -63,30 +62,51 @@ func (n *Notifier) ingest(ctx context.Context) {
 		}
 		retry.Reset()
 		for {
-			err := n.ingestBatch(ctx, batch)
+			err := n.ingestBatch(ctx, p, epoch, batch)
 			if err == nil {
 				break
 			}
-			n.log.Error("ingest EVENTS batch failed; retrying", "messages", len(batch), "err", err)
+			if errors.Is(err, lease.ErrFenced) {
+				return err // unacknowledged: the new owner ingests them
+			}
+			n.log.Error("ingest EVENTS batch failed; retrying", "partition", p, "messages", len(batch), "err", err)
 			if !retry.Wait(ctx) {
-				return // unacknowledged: redelivered to whoever consumes next
+				return nil // unacknowledged: redelivered to whoever consumes next
 			}
 		}
 	}
 }
 
+// consume (re)creates partition p's durable consumer to start after its ack floor, so that
+// what a previous owner had been delivered and not acked comes at once rather than after
+// AckWait (ingesting it again is idempotent), and feeds msgs from it.
 func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg) (jetstream.ConsumeContext, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cons, err := n.js.CreateOrUpdateConsumer(cctx, natsx.EventsStream, jetstream.ConsumerConfig{
-		Durable:       "notifier-" + strconv.Itoa(p),
+	name := "notifier-" + strconv.Itoa(p)
+	cfg := jetstream.ConsumerConfig{
+		Durable:       name,
 		Description:   "webhook notifier, partition " + strconv.Itoa(p),
 		FilterSubject: natsx.EventsPartitionFilter(p),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
 		MaxAckPending: 8 * n.cfg.Batch,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	}
+	old, err := n.js.Consumer(cctx, natsx.EventsStream, name)
+	switch {
+	case err == nil:
+		floor := old.CachedInfo().AckFloor.Stream
+		if err := n.js.DeleteConsumer(cctx, natsx.EventsStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("delete consumer %s: %w", name, err)
+		}
+		if floor > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+		}
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, fmt.Errorf("consumer %s: %w", name, err)
+	}
+	cons, err := n.js.CreateConsumer(cctx, natsx.EventsStream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("consumer for partition %d: %w", p, err)
 	}
@@ -100,9 +120,10 @@ func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg
 	}))
 }
 
-// ingestBatch writes the deliveries of the real events of batch (and the records of what
-// they supersede) in one transaction, then acknowledges the messages.
-func (n *Notifier) ingestBatch(ctx context.Context, batch []jetstream.Msg) error {
+// ingestBatch writes the deliveries of the real events of batch, from partition p (and the
+// records of what they supersede) in one transaction, then acknowledges the messages. The
+// transaction commits only while epoch is p's current one (lease.ErrFenced otherwise).
+func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []jetstream.Msg) error {
 	evs, payloads, ok, err := n.checkBatch(ctx, batch)
 	if err != nil {
 		return err
@@ -113,6 +134,10 @@ func (n *Notifier) ingestBatch(ctx context.Context, batch []jetstream.Msg) error
 	var created int
 	var recs []event.Attempt
 	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
+		// First, so that a claim by another process waits for this transaction or fences it.
+		if err := lease.Check(ctx, tx, Name, p, epoch); err != nil {
+			return err
+		}
 		var err error
 		created, recs, err = insertDeliveries(ctx, tx, evs, payloads)
 		if err != nil {

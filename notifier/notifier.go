@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/outbox"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
@@ -26,6 +27,9 @@ const (
 	// CrashAfterFinishCommit: attempt outcomes (and next attempt times) committed, records not relayed.
 	CrashAfterFinishCommit = "notifier.after_finish_commit"
 )
+
+// Name is the notifier's name in the partition leases (leases_notifier) and the fence rows.
+const Name = "notifier"
 
 // Notifier consumes EVENTS and delivers webhooks. Its loops, one per file: ingest (EVENTS
 // → delivery rows), dispatch (claims → attempts), attempt (one webhook), finisher (outcomes
@@ -41,6 +45,8 @@ type Notifier struct {
 	ep     *endpoints
 	m      metrics
 	relay  *outbox.Relay
+	// leases gives this process its EVENTS partitions to ingest (the fixed ones, or its share).
+	leases *lease.Assigner
 	// setAside records the EVENTS messages that are not real events (see checkBatch).
 	setAside *setaside.Recorder
 
@@ -111,6 +117,10 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 	if n.relay, err = newAttemptRelay(cfg, d); err != nil {
 		return nil, err
 	}
+	if n.leases, err = lease.New(lease.Config{Name: Name, PartitionCount: cfg.PartitionCount, Partitions: cfg.Partitions,
+		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: n.log, Registerer: d.Registerer, JS: d.JS, PG: d.PG}); err != nil {
+		return nil, err
+	}
 	return n, nil
 }
 
@@ -127,14 +137,23 @@ func poke(c chan struct{}) {
 //
 // Stop order: dispatch ends (its attempts done) → results closed → the finisher has written
 // every outcome → the relay makes its last round; ingest and the janitor stop with ctx.
+// Ingest runs on the partitions the leases give this process; an error of theirs (not a
+// fenced partition, which the assigner handles) stops the notifier and is returned.
 func (n *Notifier) Run(ctx context.Context) error {
 	if !n.ran.CompareAndSwap(false, true) {
 		return errors.New("notifier: Run called twice")
 	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	var wg sync.WaitGroup
-	wg.Go(func() { n.ingest(ctx) })
+	var ingestErr error
+	wg.Go(func() {
+		if ingestErr = n.leases.Run(ctx, n.ingest); ingestErr != nil {
+			stop()
+		}
+	})
 	wg.Go(func() { n.janitor(ctx) })
 	wg.Go(func() { _ = n.relay.Run(relayCtx) })
 	wg.Go(func() {
@@ -146,6 +165,9 @@ func (n *Notifier) Run(ctx context.Context) error {
 		close(n.results)
 	})
 	wg.Wait()
+	if ingestErr != nil && !errors.Is(ingestErr, context.Canceled) {
+		return fmt.Errorf("notifier ingest: %w", ingestErr)
+	}
 	n.log.Info("notifier stopped")
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 )
 
 // The headers of an attempt, against the Standard Webhooks spec's example: the signature is
@@ -87,7 +89,8 @@ func TestConfigValidate(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
-	if len(ok.Partitions) != 4 || ok.Batch != BatchDefault || ok.MaxInFlight != MaxInFlightDefault ||
+	// No partitions: this process's share, by leases.
+	if len(ok.Partitions) != 0 || ok.LeaseTTL != lease.TTLDefault || ok.Batch != BatchDefault || ok.MaxInFlight != MaxInFlightDefault ||
 		ok.BreakerMaxCooldown != BreakerMaxCooldownDefault || ok.Retention != RetentionDefault {
 		t.Fatalf("defaults not applied: %+v", ok)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
@@ -28,8 +29,13 @@ const (
 type Config struct {
 	// PartitionCount is the partition count of READINGS (LOCKS_PARTITIONS).
 	PartitionCount int
-	// Partitions is the partitions this process watches; empty means all.
+	// Partitions is the partitions this process watches; empty: its share of them, assigned
+	// and taken over through leases (internal/lease).
 	Partitions partition.Set
+	// Owner names this process in the leases and the fence (lease.NewOwner by default).
+	Owner string
+	// LeaseTTL is how long a lease lives without renewal (lease.TTLDefault by default).
+	LeaseTTL time.Duration
 	// LostAfter is the default silence after which a sensor is lost (LOCKS_LOST_AFTER).
 	LostAfter time.Duration
 	// SweepEvery is the period of the reconciliation sweep.
@@ -77,8 +83,8 @@ func (c *Config) setDefaults() {
 	if c.PruneEvery <= 0 {
 		c.PruneEvery = PruneEveryDefault
 	}
-	if len(c.Partitions) == 0 {
-		c.Partitions = partition.All(c.PartitionCount)
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = lease.TTLDefault
 	}
 }
 

@@ -32,6 +32,8 @@ const (
 // partState is one owned partition: its READINGS consumer's progress and the deadlines its
 // refreshes wrote.
 type partState struct {
+	// lease is the context of the partition's Work: lease.Valid(lease) says it is still ours.
+	lease context.Context
 	// doneTS is the stored time (unix ns) of the last READINGS message whose refresh is
 	// acknowledged: every reading stored before it has refreshed its key.
 	doneTS atomic.Int64

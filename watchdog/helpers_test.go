@@ -28,6 +28,7 @@ type env struct {
 	t      testing.TB
 	nats   *testenv.NATSEnv
 	pg     *pgxpool.Pool
+	pgURL  string
 	rabbit *testenv.RabbitEnv
 	lag    LagFunc
 
@@ -41,7 +42,7 @@ type env struct {
 func newEnv(t testing.TB, lostAfter time.Duration) *env {
 	t.Helper()
 	e := &env{t: t, nats: testenv.NATS(t)}
-	_, e.pg = testenv.Postgres(t)
+	e.pgURL, e.pg = testenv.Postgres(t)
 	e.rabbit = testenv.RabbitMQ(t)
 	ctx := context.Background()
 	if err := natsx.Declare(ctx, e.nats.JS, natsx.StreamsConfig{Partitions: testPartitions, LostAfter: lostAfter}); err != nil {

@@ -85,7 +85,11 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
 	out := map[int]int64{}
 	for p := range parts {
-		ps := w.parts[p]
+		ps := w.part(p)
+		if ps == nil {
+			out[p] = 0 // not ours (any more): settle drops its expiries
+			continue
+		}
 		cons := ps.consumer()
 		if cons == nil {
 			out[p] = 0

@@ -24,13 +24,13 @@ func (w *Watchdog) kvSubject(sensor string) string {
 	return natsx.LivenessKeySubject(keyOf(sensor, w.cfg.PartitionCount))
 }
 
-// kvFilters are the bucket subjects of the owned partitions.
-func (w *Watchdog) kvFilters() []string {
-	if len(w.cfg.Partitions) == w.cfg.PartitionCount {
+// kvFilters are the bucket subjects of the partitions owned, of count.
+func kvFilters(owned partition.Set, count int) []string {
+	if len(owned) == count {
 		return []string{natsx.LivenessKeySubject(">")}
 	}
-	f := make([]string, 0, len(w.cfg.Partitions))
-	for _, p := range w.cfg.Partitions {
+	f := make([]string, 0, len(owned))
+	for _, p := range owned {
 		f = append(f, natsx.LivenessKeySubject(strconv.Itoa(p)+".*"))
 	}
 	return f
@@ -47,7 +47,7 @@ func (w *Watchdog) sensorOfSubject(subj string) (string, bool) {
 		return "", false
 	}
 	n, err := strconv.Atoi(p)
-	if err != nil || n < 0 || n >= w.cfg.PartitionCount || !w.owned[n] {
+	if err != nil || n < 0 || n >= w.cfg.PartitionCount || w.part(n) == nil {
 		return "", false
 	}
 	return sensor, true

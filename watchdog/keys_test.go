@@ -18,9 +18,8 @@ func offline(t testing.TB, cfg Config, overrides map[string]time.Duration) *Watc
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	w := &Watchdog{cfg: cfg, owned: make([]bool, cfg.PartitionCount), parts: map[int]*partState{}}
+	w := &Watchdog{cfg: cfg, parts: map[int]*partState{}}
 	for _, p := range cfg.Partitions {
-		w.owned[p] = true
 		w.parts[p] = &partState{}
 	}
 	if overrides == nil {
@@ -106,7 +105,7 @@ func TestSensorOfSubject(t *testing.T) {
 	// Every key the watchdog writes for an owned sensor reads back as that sensor.
 	for _, s := range []string{"door0", "0xA", "xa7v9Dfadr7H", "0123456789aBcDeF"} {
 		got, ok := w.sensorOfSubject(w.kvSubject(s))
-		if owned := w.owned[partition.Of(s, 4)]; ok != owned || (ok && got != s) {
+		if owned := w.part(partition.Of(s, 4)) != nil; ok != owned || (ok && got != s) {
 			t.Errorf("sensorOfSubject(kvSubject(%q)) = %q, %v; owned %v", s, got, ok, owned)
 		}
 	}
@@ -119,13 +118,12 @@ func TestKVFilters(t *testing.T) {
 		owned partition.Set
 		want  []string
 	}{
-		{"all partitions: one filter", nil, []string{"$KV.liveness.>"}},
+		{"all partitions: one filter", partition.All(4), []string{"$KV.liveness.>"}},
 		{"some partitions: one each", partition.Set{0, 3}, []string{"$KV.liveness.0.*", "$KV.liveness.3.*"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := offline(t, Config{PartitionCount: 4, Partitions: c.owned, LostAfter: time.Hour}, nil)
-			if got := w.kvFilters(); !slices.Equal(got, c.want) {
+			if got := kvFilters(c.owned, 4); !slices.Equal(got, c.want) {
 				t.Errorf("kvFilters = %q, want %q", got, c.want)
 			}
 		})

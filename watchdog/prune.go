@@ -16,7 +16,7 @@ const shrinkMin = 1024
 // whose sensors come and go grows the map by every sensor it has ever seen.
 func (w *Watchdog) pruneWritten(now time.Time) {
 	cut := now.Unix()
-	for _, ps := range w.parts {
+	for _, ps := range w.ownedParts() {
 		ps.mu.Lock()
 		for s, d := range ps.written {
 			if int64(d) < cut {
@@ -46,9 +46,9 @@ func shrunk[K comparable, V any](m map[K]V, peak int) (map[K]V, int) {
 // forget drops a declared sensor's refresh deadline: its next reading restores it and
 // must write its key.
 func (w *Watchdog) forget(sensor string) {
-	ps, ok := w.parts[partition.Of(sensor, w.cfg.PartitionCount)]
+	ps := w.part(partition.Of(sensor, w.cfg.PartitionCount))
 	k, valid := keyOfSensor(sensor)
-	if !ok || !valid {
+	if ps == nil || !valid {
 		return
 	}
 	ps.mu.Lock()
@@ -60,7 +60,7 @@ func (w *Watchdog) forget(sensor string) {
 // writtenLen is the number of refresh deadlines remembered, over the owned partitions.
 func (w *Watchdog) writtenLen() int {
 	n := 0
-	for _, ps := range w.parts {
+	for _, ps := range w.ownedParts() {
 		ps.mu.Lock()
 		n += len(ps.written)
 		ps.mu.Unlock()

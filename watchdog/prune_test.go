@@ -49,7 +49,7 @@ func TestWrittenPruned(t *testing.T) {
 	})
 	// Each partition's map held over shrinkMin entries; once remade it is sized for what
 	// it held then, under shrinkMin (smaller maps are not worth remaking).
-	for p, ps := range w.parts {
+	for p, ps := range w.ownedParts() {
 		ps.mu.Lock()
 		peak := ps.writtenPeak
 		ps.mu.Unlock()

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
 // keyState is what a sweep reads of one key.
@@ -22,7 +24,7 @@ type keyState struct {
 // refreshed the keys (every sequence when its consumer has nothing pending or unacked).
 func (w *Watchdog) appliedUpTo(ctx context.Context) (map[int]uint64, error) {
 	out := map[int]uint64{}
-	for p, ps := range w.parts {
+	for p, ps := range w.ownedParts() {
 		out[p] = ps.doneSeq.Load()
 		cons := ps.consumer()
 		if cons == nil {
@@ -50,16 +52,20 @@ func (w *Watchdog) appliedUpTo(ctx context.Context) (map[int]uint64, error) {
 // compared, so that the watchdog lagging behind the projector (or the other way round) is
 // not taken for a difference, and the sweep needs no quiet moment to run.
 func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
+	owned := w.owned()
+	if len(owned) == 0 {
+		return 0, nil
+	}
 	applied, err := w.appliedUpTo(ctx)
 	if err != nil {
 		return 0, err
 	}
-	keys, err := w.snapshotKeys(ctx)
+	keys, err := w.snapshotKeys(ctx, owned)
 	if err != nil {
 		return 0, err
 	}
 	rows, err := w.pg.Query(ctx, `SELECT sensor_id, partition, last_seen, last_seq FROM sensor_state
-		WHERE connection = 'online' AND partition = ANY($1)`, []int(w.cfg.Partitions))
+		WHERE connection = 'online' AND partition = ANY($1)`, []int(owned))
 	if err != nil {
 		return 0, fmt.Errorf("read sensor_state: %w", err)
 	}
@@ -78,7 +84,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("read sensor_state: %w", err)
 		}
 		s.lastSeq = uint64(seq)
-		if s.lastSeq > applied[p] {
+		if a, ok := applied[p]; !ok || s.lastSeq > a {
 			continue // we have not got that far in this partition yet
 		}
 		k, ok := keys[s.sensor]
@@ -138,7 +144,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 }
 
 // snapshotKeys reads the newest message of every key of the owned partitions.
-func (w *Watchdog) snapshotKeys(ctx context.Context) (map[string]keyState, error) {
+func (w *Watchdog) snapshotKeys(ctx context.Context, owned partition.Set) (map[string]keyState, error) {
 	out := map[string]keyState{}
 	s, err := w.js.Stream(ctx, kvStream)
 	if err != nil {
@@ -148,7 +154,7 @@ func (w *Watchdog) snapshotKeys(ctx context.Context) (map[string]keyState, error
 		return out, nil
 	}
 	oc, err := w.js.OrderedConsumer(ctx, kvStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: w.kvFilters(),
+		FilterSubjects: kvFilters(owned, w.cfg.PartitionCount),
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {

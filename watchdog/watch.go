@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
 const (
@@ -15,11 +16,11 @@ const (
 	watchDrainWait = 5 * time.Second
 )
 
-// watch follows the bucket (headers only) for limit markers of owned sensors.
-func (w *Watchdog) watch(ctx context.Context) error {
+// watch follows partition p's keys in the bucket (headers only) for limit markers.
+func (w *Watchdog) watch(ctx context.Context, p int) error {
 	for ctx.Err() == nil {
 		oc, err := w.js.OrderedConsumer(ctx, kvStream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: w.kvFilters(),
+			FilterSubjects: kvFilters(partition.Set{p}, w.cfg.PartitionCount),
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 			HeadersOnly:    true,
 		})

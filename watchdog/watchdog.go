@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
@@ -27,25 +28,30 @@ type Deps struct {
 	Lag LagFunc
 }
 
+// Name is the watchdog's name in the partition leases (leases_watchdog) and the fence rows.
+const Name = "watchdog"
+
 // SetAsideConsumer names the watchdog in set-aside records and their metric.
 const SetAsideConsumer = "watchdog"
 
 // Watchdog turns expired liveness keys into liveness_timeout facts. See the package doc.
 type Watchdog struct {
-	cfg   Config
-	js    jetstream.JetStream
-	pg    *pgxpool.Pool
-	log   *slog.Logger
-	owned []bool // by partition number
+	cfg Config
+	js  jetstream.JetStream
+	pg  *pgxpool.Pool
+	log *slog.Logger
+	// leases gives this process its partitions (the fixed ones, or its share); each runs in own.
+	leases *lease.Assigner
 	// setAside records the READINGS messages that can never refresh a key.
 	setAside *setaside.Recorder
 	// upstream says whether held expiries must wait for the pipeline.
 	upstream *upstream
 	// overrides is the per-sensor lost_after, replaced whole by each reload.
 	overrides atomic.Pointer[map[string]time.Duration]
-	// parts is the owned partitions' consumer progress and refresh deadlines; the map
-	// itself is fixed by New.
-	parts map[int]*partState
+	// partsMu guards parts, the owned partitions' consumer progress and refresh deadlines:
+	// own adds a partition when this process claims it and removes it when it ends.
+	partsMu sync.RWMutex
+	parts   map[int]*partState
 
 	// mu guards held and heldPeak: the watch and the sweep hold expiries, the declare loop
 	// takes them to settle and puts back those that failed.
@@ -74,14 +80,9 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 	w := &Watchdog{
 		cfg: cfg, js: d.JS, pg: d.PG, log: log,
 		upstream: newUpstream(d.Lag, d.JS.Conn(), cfg.CatchUpGrace, log),
-		owned:    make([]bool, cfg.PartitionCount),
 		parts:    map[int]*partState{},
 		held:     map[string]candidate{},
 		wake:     make(chan struct{}, 1),
-	}
-	for _, p := range cfg.Partitions {
-		w.owned[p] = true
-		w.parts[p] = &partState{}
 	}
 	empty := map[string]time.Duration{}
 	w.overrides.Store(&empty)
@@ -90,6 +91,10 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		return nil, err
 	}
 	if w.setAside, err = setaside.NewRecorder(SetAsideConsumer, d.JS, w.log, d.Registerer); err != nil {
+		return nil, err
+	}
+	if w.leases, err = lease.New(lease.Config{Name: Name, PartitionCount: cfg.PartitionCount, Partitions: cfg.Partitions,
+		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: log, Registerer: d.Registerer, JS: d.JS, PG: d.PG}); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -110,10 +115,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		backoff.Sleep(ctx, restartDelay)
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	for p, ps := range w.parts {
-		g.Go(func() error { return w.consume(gctx, p, ps) })
-	}
-	g.Go(func() error { return w.watch(gctx) })
+	g.Go(func() error { return w.leases.Run(gctx, w.own) })
 	g.Go(func() error { return w.declareLoop(gctx) })
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")

@@ -13,6 +13,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -116,6 +117,8 @@ func TestSettleIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
+	// Owned as a running watchdog would own it: settle acts only for its own partitions.
+	w.parts[partition.Of("dup", testPartitions)] = &partState{lease: ctx}
 	e.reading("dup")
 	s, err := e.nats.JS.Stream(ctx, natsx.ReadingsStream)
 	if err != nil {

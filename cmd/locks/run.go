@@ -57,8 +57,8 @@ const shutdownGrace = 15 * time.Second
 type runOptions struct {
 	targets    []string
 	partitions partition.Set
-	// auto: no --partitions; the state projector takes its share by leases, the other parts
-	// take partitions (all of them).
+	// auto: no --partitions; the state projector, notifier and watchdog take their share by
+	// leases, the other parts take partitions (all of them).
 	auto bool
 }
 
@@ -142,6 +142,14 @@ type deps struct {
 	auto       bool
 }
 
+// owned is what a part with leases is given: nil (its share, by leases) when auto, else --partitions.
+func (d deps) owned() partition.Set {
+	if d.auto {
+		return nil
+	}
+	return d.partitions
+}
+
 // runner is what every part is: it runs until ctx is done and then returns after a clean stop.
 type runner interface {
 	Run(ctx context.Context) error
@@ -154,7 +162,7 @@ func buildPart(name string, d deps) (runner, error) {
 		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
 			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg})
 	case "notifier":
-		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.partitions, RetrySchedule: d.cfg.RetrySchedule,
+		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
@@ -177,7 +185,7 @@ func buildPart(name string, d deps) (runner, error) {
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
 		// beyond the bridge's prefetch window; expiries wait for it.
-		return watchdog.New(watchdog.Config{PartitionCount: d.cfg.Partitions, Partitions: d.partitions, LostAfter: d.cfg.LostAfter, SweepEvery: d.cfg.WatchdogSweep,
+		return watchdog.New(watchdog.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, LostAfter: d.cfg.LostAfter, SweepEvery: d.cfg.WatchdogSweep,
 			MaxHold: d.cfg.WatchdogMaxHold},
 			watchdog.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg,
 				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond)})

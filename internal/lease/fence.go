@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,4 +82,26 @@ func Check(ctx context.Context, tx pgx.Tx, name string, p int, epoch int64) erro
 		err = fmt.Errorf("fence %s partition %d: %w", name, p, cerr)
 	}
 	return err
+}
+
+type untilKey struct{}
+
+// renew records a successful write of the lease sent at t, for the round and for Valid.
+func (h *hold) renew(t time.Time, ttl time.Duration) {
+	h.renewed = t
+	until := t.Add(ttl)
+	h.until.Store(&until)
+}
+
+// Valid reports whether the Work whose ctx this is may still act for its partition: ctx is
+// live and, for a leased partition, the lease was renewed less than TTL ago. The server keeps
+// a lease at least TTL after its last write was sent, so a Work that checks Valid before an
+// effect the Postgres fence cannot cover (a NATS publish) stops before another process can
+// claim the partition. A fixed partition (--partitions) has no lease: only ctx counts.
+func Valid(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	until, ok := ctx.Value(untilKey{}).(*atomic.Pointer[time.Time])
+	return !ok || time.Now().Before(*until.Load())
 }

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -70,9 +71,11 @@ type Assigner struct {
 type hold struct {
 	rev     uint64
 	renewed time.Time // sent time of the last successful write of the lease
-	cancel  context.CancelFunc
-	done    chan struct{}
-	err     error // the worker's, once done is closed
+	// until is renewed+TTL (monotonic), for Valid: the server drops the lease no sooner.
+	until  atomic.Pointer[time.Time]
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // the worker's, once done is closed
 }
 
 // New checks the configuration and registers the metrics (labelled with the part).
@@ -202,7 +205,8 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 				a.log.Warn("renew lease", "partition", p, "err", err)
 			}
 		default:
-			h.rev, h.renewed = rev, start
+			h.rev = rev
+			h.renew(start, a.cfg.TTL)
 		}
 	}
 	members, taken, err := a.snapshot(rctx)
@@ -275,7 +279,9 @@ func (a *Assigner) snapshot(ctx context.Context) (int, map[int]bool, error) {
 func (a *Assigner) start(ctx context.Context, p int, rev uint64, renewed time.Time, work Work) {
 	a.claims.Inc()
 	wctx, cancel := context.WithCancel(ctx)
-	h := &hold{rev: rev, renewed: renewed, cancel: cancel, done: make(chan struct{})}
+	h := &hold{rev: rev, cancel: cancel, done: make(chan struct{})}
+	h.renew(renewed, a.cfg.TTL)
+	wctx = context.WithValue(wctx, untilKey{}, &h.until)
 	a.held[p] = h
 	a.mu.Lock()
 	prev := a.running[p]

@@ -36,7 +36,7 @@ const LeaseTTLDefault = 6 * time.Second
 func LeasesBucket(part string) string { return "leases_" + part }
 
 // LeaseParts are the parts whose processes share partitions by leases.
-var LeaseParts = []string{"state"}
+var LeaseParts = []string{"state", "notifier", "watchdog"}
 
 func leasesConfig(c StreamsConfig, part string) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
