@@ -1,15 +1,18 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 // CrashAfterPublish is the crash point between JetStream's ack of an append and the AMQP ack.
@@ -156,17 +159,33 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 			}
 		}
 	}
-	if err != nil {
+	retried := err != nil
+	if retried {
 		ack, err = b.republish(ctx, it.msg, err)
 		if err != nil {
 			return err
 		}
 	}
 	b.m.latency.Observe(time.Since(it.start).Seconds())
-	if ack.Duplicate {
+	if ack.Duplicate && !(retried && b.ownAppend(ctx, ack, it.msg)) {
 		b.m.duplicates.Inc()
 	}
 	crashpoint.Hit(CrashAfterPublish)
 	b.m.accepted.Inc()
 	return nil
+}
+
+// ownAppend tells whether the message a retried append was reported a duplicate of is this
+// very append's first attempt, which JetStream stored although its ack was lost (a NATS
+// failover): then the reading was recorded now, not before, and is not counted as a
+// duplicate. Unsure (the look-up failed) counts it as a duplicate, as before.
+func (b *Bridge) ownAppend(ctx context.Context, ack *jetstream.PubAck, msg *nats.Msg) bool {
+	gctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	s, err := b.js.Stream(gctx, natsx.ReadingsStream)
+	if err != nil {
+		return false
+	}
+	stored, err := s.GetMsg(gctx, ack.Sequence)
+	return err == nil && bytes.Equal(stored.Data, msg.Data)
 }

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
@@ -185,5 +188,45 @@ func TestBridgeInvalidQueueBounded(t *testing.T) {
 	}
 	if got := metricValue(e.bridge.m.invalid.WithLabelValues(ReasonNotJSON)); got != 12 {
 		t.Fatalf("invalid{not_json} = %v, want 12: every invalid message is counted, kept or not", got)
+	}
+}
+
+// A retried append that JetStream reports as a duplicate of its own first attempt (stored,
+// its ack lost in a failover) is a reading recorded now, not a duplicate; a retry that meets
+// another reading with the same message_id is one.
+func TestBridgeRetryOfOwnAppendIsNotADuplicate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	reg := prometheus.NewRegistry()
+	b, err := New(Config{AMQPURL: e.amqp, Queue: e.queue}, Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := func(origin string) *nats.Msg {
+		body := fmt.Appendf(nil, `{"v":1,"kind":"reading","sensor_id":"a","data":1,"time":"2026-11-22T10:00:00Z","received_time":"2026-11-22T10:00:00Z","message_id":"m1","origin":%q}`, origin)
+		m := &nats.Msg{Subject: "readings.in.a", Data: body, Header: nats.Header{}}
+		m.Header.Set(jetstream.MsgIDHeader, natsMsgID("a", "m1", origin))
+		return m
+	}
+	first := msg("s1/1")
+	if _, err := e.js.PublishMsg(t.Context(), first); err != nil { // the first attempt, stored
+		t.Fatal(err)
+	}
+	lost := errors.New("nats: timeout waiting for ack")
+	if err := b.resolve(t.Context(), item{msg: first, pubErr: lost, start: time.Now()}, nil, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	if d := metricValue(b.m.duplicates); d != 0 {
+		t.Fatalf("duplicates %v after a retry of the same append, want 0", d)
+	}
+	// Another delivery of the same sensor's message m1 (a sensor's re-send): a duplicate.
+	if err := b.resolve(t.Context(), item{msg: msg("s1/2"), pubErr: lost, start: time.Now()}, nil, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	if d := metricValue(b.m.duplicates); d != 1 {
+		t.Fatalf("duplicates %v after a re-send of message m1, want 1", d)
+	}
+	if n := e.streamMsgs(t); n != 1 {
+		t.Fatalf("READINGS holds %d, want 1", n)
 	}
 }
