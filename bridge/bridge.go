@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -65,8 +66,12 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 
 // Run consumes until ctx is done, reconnecting to RabbitMQ with backoff. It returns nil
 // after a clean stop.
+// errStandby: another bridge is the queue's consumer.
+var errStandby = errors.New("another bridge consumes the queue")
+
 func (b *Bridge) Run(ctx context.Context) error {
 	wait := backoff.New(b.cfg.ReconnectMin, b.cfg.ReconnectMax)
+	standby := false
 	for {
 		start := time.Now()
 		err := b.session(ctx)
@@ -77,6 +82,19 @@ func (b *Bridge) Run(ctx context.Context) error {
 		if time.Since(start) > time.Minute {
 			wait.Reset()
 		}
+		if errors.Is(err, errStandby) {
+			if !standby {
+				b.log.Info("another bridge consumes the queue; standing by to take over", "queue", b.cfg.Queue, "poll", b.cfg.StandbyPoll)
+			}
+			standby = true
+			b.m.standby.Set(1)
+			wait.Reset()
+			if !backoff.Sleep(ctx, b.cfg.StandbyPoll) {
+				return nil
+			}
+			continue
+		}
+		standby = false
 		b.log.Warn("RabbitMQ session ended; reconnecting", "err", err, "backoff", wait.Delay())
 		if !wait.Wait(ctx) {
 			return nil

@@ -15,6 +15,7 @@ const (
 	PublishTimeoutDefault   = 5 * time.Second
 	DrainTimeoutDefault     = 10 * time.Second
 	InvalidMaxLengthDefault = 100_000
+	StandbyPollDefault      = 2 * time.Second
 )
 
 // Config is what the bridge is told; zero fields take the defaults.
@@ -35,6 +36,9 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the backoff between RabbitMQ sessions
 	// (ReconnectMinDefault, ReconnectMaxDefault).
 	ReconnectMin, ReconnectMax time.Duration
+	// StandbyPoll is how often a standby bridge tries to become the queue's consumer
+	// (StandbyPollDefault): the queue has one consumer at a time (see session.go).
+	StandbyPoll time.Duration
 	// PublishTimeout is how long an append waits for JetStream's ack before it is retried
 	// (PublishTimeoutDefault); a retry carries the same Nats-Msg-Id, so it is never recorded
 	// twice.
@@ -67,6 +71,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReconnectMin <= 0 {
 		c.ReconnectMin = ReconnectMinDefault
+	}
+	if c.StandbyPoll <= 0 {
+		c.StandbyPoll = StandbyPollDefault
 	}
 	if c.ReconnectMax < c.ReconnectMin {
 		c.ReconnectMax = max(ReconnectMaxDefault, c.ReconnectMin)

@@ -230,3 +230,36 @@ func TestBridgeRetryOfOwnAppendIsNotADuplicate(t *testing.T) {
 		t.Fatalf("READINGS holds %d, want 1", n)
 	}
 }
+
+// The queue has one consumer: a second bridge stands by (and appends nothing) until the
+// first is gone, then takes over; every reading is appended once, in each sensor's order.
+func TestBridgeStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	newBridge := func() (*Bridge, *prometheus.Registry) {
+		reg := prometheus.NewRegistry()
+		b, err := New(Config{AMQPURL: e.amqp, Queue: e.queue, Prefetch: 50, StandbyPoll: 200 * time.Millisecond},
+			Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, reg
+	}
+	active, _ := newBridge()
+	stopActive := testenv.RunPart(t, "active bridge", active.Run, 30*time.Second)
+	msgs, want := seedFleet(400, 9, true)
+	e.publish(t, msgs[:200])
+	testenv.Eventually(t, time.Minute, "the first half appended", func() bool { return e.streamMsgs(t) >= 200 })
+	standby, _ := newBridge()
+	testenv.RunPart(t, "standby bridge", standby.Run, 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, "the second bridge standing by", func() bool { return metricValue(standby.m.standby) == 1 })
+	stopActive()
+	e.publish(t, msgs[200:])
+	testenv.Eventually(t, time.Minute, "the standby took over", func() bool { return e.streamMsgs(t) >= 400 })
+	if got := perSensor(t, e); !mapsEqual(got, want) {
+		t.Fatalf("READINGS per sensor %v, want %v", got, want)
+	}
+	if metricValue(standby.m.standby) != 0 || metricValue(standby.m.accepted) != 200 {
+		t.Fatalf("standby gauge %v, accepted %v: want 0 and the second half (200)", metricValue(standby.m.standby), metricValue(standby.m.accepted))
+	}
+}

@@ -12,6 +12,7 @@ type metrics struct {
 	duplicates prometheus.Counter
 	latency    prometheus.Histogram
 	inFlight   prometheus.Gauge
+	standby    prometheus.Gauge
 	connects   prometheus.Counter
 	retries    prometheus.Counter
 }
@@ -35,6 +36,10 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Help:    "Time from the async append to JetStream's ack.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		standby: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "locks_bridge_standby",
+			Help: "1 while another bridge process consumes the queue and this one stands by to take over.",
+		}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "locks_bridge_in_flight",
 			Help: "Messages received and not yet acked to RabbitMQ.",
@@ -51,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS} {
 		m.invalid.WithLabelValues(reason)
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.connects, m.retries} {
+	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.standby, m.connects, m.retries} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("bridge metrics: %w", err)
 		}

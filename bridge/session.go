@@ -63,10 +63,19 @@ func (b *Bridge) session(ctx context.Context) error {
 	// the reader holds) invalid publishes are outstanding before the session fails on the
 	// first return, so this never fills.
 	returns := pub.NotifyReturn(make(chan amqp.Return, b.cfg.MaxInFlight+2))
-	deliveries, err := ch.Consume(b.cfg.Queue, "", false, false, false, false, nil)
+	// The one consumer of the queue (exclusive): with two consumers, RabbitMQ hands a
+	// sensor's next readings to one bridge while the other still holds its earlier ones
+	// (stalled on a NATS failover), and they reach READINGS out of order (invariant 4). A
+	// second bridge process is a standby: its Consume is refused until the active one is gone.
+	deliveries, err := ch.Consume(b.cfg.Queue, "", false, true, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+		return fmt.Errorf("%w: %s", errStandby, ae.Reason)
+	}
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
 	}
+	b.m.standby.Set(0) // this bridge is the queue's consumer now
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	pubClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
 	b.m.connects.Inc()

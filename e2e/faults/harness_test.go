@@ -278,6 +278,7 @@ func (r *run) finish() result {
 	if r.checkStalls && res.hooksStall > maxStall {
 		t.Errorf("webhooks stood still for %s (> %s)", res.hooksStall.Round(time.Millisecond), maxStall)
 	}
+	r.checkOrder()
 	res.events = r.checkRevisions()
 	t.Logf("published %d (invalid %d), recorded %d, changes %d, webhooks %d, events %d; longest stall: committed %s, webhooks %s",
 		b.Published, b.Invalid, rec.Recorded, b.Changes, tally.Received, res.events, res.stateStall.Round(time.Second), res.hooksStall.Round(time.Second))
@@ -418,4 +419,67 @@ func metric(p *cluster.Part, name string) float64 {
 		return -1
 	}
 	return m[name]
+}
+
+// checkOrder reads all of READINGS: each sensor's readings must be stored in the order the
+// load generator published them (their ts is the publish time), per-sensor order being
+// invariant 4; a reading stored after a later one of its sensor makes the state flip where
+// the door did not.
+func (r *run) checkOrder() {
+	t := r.t
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	s, err := r.js.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]time.Time{}
+	inversions, sensors := 0, map[string]bool{}
+	var worst time.Duration
+	fails := 0
+	for n := 0; n < int(info.State.Msgs); {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			if fails++; fails < 10 { // the cluster may still settle after the restart
+				time.Sleep(time.Second)
+				continue
+			}
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			l, err := event.DecodeLog(m.Data())
+			if err != nil || l.Kind != event.KindReading {
+				continue
+			}
+			if prev, ok := last[l.SensorID]; ok && l.Time.Before(prev) {
+				inversions++
+				sensors[l.SensorID] = true
+				worst = max(worst, prev.Sub(l.Time))
+				continue
+			}
+			last[l.SensorID] = l.Time
+		}
+		n += got
+		if batch.Error() != nil || got == 0 {
+			if fails++; fails < 10 {
+				time.Sleep(time.Second)
+				continue
+			}
+			t.Fatalf("reading READINGS: %d of %d messages: %v", n, info.State.Msgs, batch.Error())
+		}
+	}
+	if inversions > 0 {
+		t.Errorf("READINGS: %d readings of %d sensors stored after a later reading of their sensor (up to %s earlier): per-sensor order lost",
+			inversions, len(sensors), worst.Round(time.Millisecond))
+	}
 }
