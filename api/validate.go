@@ -15,12 +15,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/netguard"
 )
 
 // Limits of CONTRACT.md section 3 and of this API.
 const (
-	maxSensorID      = 16
 	maxNameLen       = 200
 	maxAddressLen    = 512
 	maxWebhookURLLen = 2048
@@ -35,10 +35,10 @@ const (
 // checkSensorID accepts 1 to 16 ASCII letters and digits, as the readings do.
 func checkSensorID(field, id string) error {
 	if id == "" {
-		return fieldErr(field, "required: 1 to %d ASCII letters and digits", maxSensorID)
+		return fieldErr(field, "required: 1 to %d ASCII letters and digits", event.MaxSensorID)
 	}
-	if len(id) > maxSensorID {
-		return fieldErr(field, "%d characters; a sensor id has 1 to %d ASCII letters and digits", utf8.RuneCountInString(id), maxSensorID)
+	if len(id) > event.MaxSensorID {
+		return fieldErr(field, "%d characters; a sensor id has 1 to %d ASCII letters and digits", utf8.RuneCountInString(id), event.MaxSensorID)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {

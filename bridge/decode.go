@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strings"
 	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
 )
 
 // MaxBodySize is the largest body a reading may have (CONTRACT.md section 1).
@@ -87,7 +89,7 @@ func Decode(body []byte, receivedAt time.Time) (Reading, error) {
 		return Reading{}, invalid(ReasonSensorID, "sensor_id: missing; must be 1-16 ASCII letters or digits")
 	}
 	id, ok := jsonString(raw.SensorID)
-	if !ok || !ValidSensorID(id) {
+	if !ok || !event.ValidSensorID(id) {
 		return Reading{}, invalid(ReasonSensorID, "sensor_id: must be 1-16 ASCII letters or digits")
 	}
 	r.SensorID = id
@@ -192,20 +194,6 @@ func rfc3339Shape(s string) bool {
 	hh := int(rest[1]-'0')*10 + int(rest[2]-'0')
 	mm := int(rest[4]-'0')*10 + int(rest[5]-'0')
 	return hh <= 23 && mm <= 59
-}
-
-// ValidSensorID says whether id is 1 to 16 ASCII letters and digits.
-func ValidSensorID(id string) bool {
-	if len(id) < 1 || len(id) > 16 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // zeroOrOne reads a JSON token that must be a number whose exact value is 0 or 1. It parses

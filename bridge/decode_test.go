@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
 )
 
 func TestDecode(t *testing.T) {
@@ -140,7 +142,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		if !ValidSensorID(r.SensorID) || r.Data > 1 || !r.ReceivedTime.Equal(now) || (!r.HasTS && !r.Time.Equal(now)) {
+		if !event.ValidSensorID(r.SensorID) || r.Data > 1 || !r.ReceivedTime.Equal(now) || (!r.HasTS && !r.Time.Equal(now)) {
 			t.Fatalf("invalid output %+v", r)
 		}
 		again := map[string]any{"sensor_id": r.SensorID, "data": r.Data}
