@@ -170,18 +170,7 @@ func TestBridgeRedeliveryAfterCrash(t *testing.T) {
 	}
 	e.publish(t, msgs)
 
-	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childNATSEnv+"="+e.nats.URL, childAMQPEnv+"="+e.amqp,
-		childQueueEnv+"="+e.queue, fmt.Sprintf("%s=%s:%d", crashpoint.Env, CrashAfterPublish, crashAt))
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
-		t.Fatalf("child bridge: %v, want exit %d\n%s", err, crashpoint.ExitCode, out)
-	}
-	afterCrash := e.streamMsgs(t)
-	if afterCrash < crashAt {
-		t.Fatalf("READINGS holds %d after the crash, want at least %d", afterCrash, crashAt)
-	}
+	afterCrash := e.crashChild(t, crashAt)
 	t.Logf("READINGS holds %d of %d after the crash", afterCrash, n)
 
 	stop := e.start(t, Config{Prefetch: 100})
@@ -368,4 +357,25 @@ func TestBridgeQuorumQueue(t *testing.T) {
 	if c := metricValue(e.bridge.m.connects); c != 1 {
 		t.Fatalf("connects %v, want 1", c)
 	}
+}
+
+// crashChild runs a bridge in a child process on e's queue until it dies at its crashAt-th
+// CrashAfterPublish: right after JetStream's ack of that append, before its AMQP ack, so at
+// least crashAt readings are stored and the last of them is unacked. It returns how many
+// READINGS holds then.
+func (e *env) crashChild(t *testing.T, crashAt int) uint64 {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", childNATSEnv+"="+e.nats.URL, childAMQPEnv+"="+e.amqp,
+		childQueueEnv+"="+e.queue, fmt.Sprintf("%s=%s:%d", crashpoint.Env, CrashAfterPublish, crashAt))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
+		t.Fatalf("child bridge: %v, want exit %d\n%s", err, crashpoint.ExitCode, out)
+	}
+	n := e.streamMsgs(t)
+	if n < uint64(crashAt) {
+		t.Fatalf("READINGS holds %d after the crash, want at least %d", n, crashAt)
+	}
+	return n
 }

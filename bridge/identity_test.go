@@ -3,8 +3,6 @@ package bridge
 import (
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -102,20 +99,7 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 			const n, sensors, crashAt = 600, 11, 250
 			msgs, want := seedFleet(n, sensors, ids)
 			e.publish(t, msgs)
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childEnv+"=1", childNATSEnv+"="+e.nats.URL, childAMQPEnv+"="+e.amqp,
-				childQueueEnv+"="+e.queue, fmt.Sprintf("%s=%s:%d", crashpoint.Env, CrashAfterPublish, crashAt))
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
-				t.Fatalf("child bridge: %v, want exit %d\n%s", err, crashpoint.ExitCode, out)
-			}
-			afterCrash := e.streamMsgs(t)
-			// The child dies right after JetStream's ack of its crashAt-th append, before the
-			// AMQP ack of that one: at least one reading is appended and unacked.
-			if afterCrash < crashAt {
-				t.Fatalf("READINGS holds %d after the crash, want at least %d", afterCrash, crashAt)
-			}
+			afterCrash := e.crashChild(t, crashAt)
 			stop := e.start(t, Config{Prefetch: 100})
 			testenv.Eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= n })
 			e.quiesce(t)
