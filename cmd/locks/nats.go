@@ -37,7 +37,24 @@ func dialNATS(cfg config.Config, url, name string, embedded bool, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
 	}
+	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
+	}
 	return nc, nil
+}
+
+// declareStreams creates, completes (natsx.Declare) or only checks (natsx.CheckDeclared) the
+// streams and buckets of cfg on js, the server at url.
+func declareStreams(ctx context.Context, js jetstream.JetStream, cfg config.Config, url string,
+	declare func(context.Context, jetstream.JetStream, natsx.StreamsConfig) error) error {
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL})
+	if err != nil {
+		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), err)
+	}
+	return nil
 }
 
 // declareNATS creates or completes the streams and buckets on LOCKS_NATS_URL, for `locks
@@ -49,18 +66,12 @@ func declareNATS(ctx context.Context, cfg config.Config, log *slog.Logger) error
 		return err
 	}
 	defer nc.Close()
-	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
-		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(cfg.NATSURL), err)
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = natsx.Declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL})
-	if err != nil {
-		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(cfg.NATSURL), err)
+	if err := declareStreams(ctx, js, cfg, cfg.NATSURL, natsx.Declare); err != nil {
+		return err
 	}
 	log.Info("declared NATS streams and buckets", "replicas", cfg.NATSReplicas, "partitions", cfg.Partitions)
 	return nil

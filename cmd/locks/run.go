@@ -166,11 +166,7 @@ func buildPart(name string, d deps) (runner, error) {
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
-		owned := d.partitions
-		if d.auto {
-			owned = nil // its share, by leases
-		}
-		st, err := state.New(state.Config{Partitions: owned, PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
+		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
 			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg})
 		if err != nil {
 			return nil, err
@@ -291,22 +287,16 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		return err
 	}
 	defer nc.Close()
-	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
-		return fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(natsURL), err)
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	declare := natsx.Declare
 	if !cfg.NATSDeclare && embedded == nil {
 		declare = natsx.CheckDeclared // a part's NATS user may not declare
 	}
-	err = declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(natsURL), err)
+	if err := declareStreams(ctx, js, cfg, natsURL, declare); err != nil {
+		return err
 	}
 	d.nc, d.js = nc, js
 	srv.AddCheck("nats", func(ctx context.Context) error {
