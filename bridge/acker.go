@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -180,6 +181,9 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 // failover): then the reading was recorded now, not before, and is not counted as a
 // duplicate. Unsure (the look-up failed) counts it as a duplicate, as before.
 func (b *Bridge) ownAppend(ctx context.Context, ack *jetstream.PubAck, msg *nats.Msg) bool {
+	if strings.HasPrefix(msg.Header.Get(jetstream.MsgIDHeader), "o:") {
+		return true // the id is this delivery's alone (natsMsgID): nothing else can hold it
+	}
 	gctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
 	defer cancel()
 	s, err := b.js.Stream(gctx, natsx.ReadingsStream)

@@ -64,11 +64,11 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	return &Bridge{cfg: cfg, js: js, log: deps.Logger.With("part", "bridge"), m: m, skew: skew}, nil
 }
 
-// Run consumes until ctx is done, reconnecting to RabbitMQ with backoff. It returns nil
-// after a clean stop.
 // errStandby: another bridge is the queue's consumer.
 var errStandby = errors.New("another bridge consumes the queue")
 
+// Run consumes until ctx is done, reconnecting to RabbitMQ with backoff, or standing by while
+// another bridge consumes the queue. It returns nil after a clean stop.
 func (b *Bridge) Run(ctx context.Context) error {
 	wait := backoff.New(b.cfg.ReconnectMin, b.cfg.ReconnectMax)
 	standby := false

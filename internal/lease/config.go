@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
@@ -21,7 +22,7 @@ import (
 const (
 	// TTLDefault is how long a lease lives without renewal: a dead process's partitions are
 	// free after at most this, and taken within one Renew more (under 10 s).
-	TTLDefault = 6 * time.Second
+	TTLDefault = natsx.LeaseTTLDefault
 	// RenewDivisor: leases are renewed every TTL/RenewDivisor, so two renewals can fail
 	// before a lease lapses.
 	RenewDivisor = 3

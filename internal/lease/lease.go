@@ -157,8 +157,7 @@ func (a *Assigner) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, err
 	}
-	return a.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: Bucket(a.cfg.Name), History: 1, TTL: a.cfg.TTL,
-		Description: "partition leases of the " + a.cfg.Name + " processes (internal/lease)"})
+	return a.js.CreateKeyValue(ctx, natsx.LeasesConfig(natsx.StreamsConfig{LeaseTTL: a.cfg.TTL}, a.cfg.Name))
 }
 
 // round is one renewal: reap ended workers, drop lapsed or lost leases, announce this process,

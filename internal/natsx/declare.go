@@ -38,7 +38,12 @@ func LeasesBucket(part string) string { return "leases_" + part }
 // LeaseParts are the parts whose processes share partitions by leases.
 var LeaseParts = []string{"state", "notifier", "watchdog"}
 
-func leasesConfig(c StreamsConfig, part string) jetstream.KeyValueConfig {
+// LeasesConfig is the lease bucket of part: Declare creates it, and internal/lease creates it
+// the same way where nothing declared it.
+func LeasesConfig(c StreamsConfig, part string) jetstream.KeyValueConfig {
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = LeaseTTLDefault
+	}
 	return jetstream.KeyValueConfig{
 		Bucket:      LeasesBucket(part),
 		Description: "partition leases of the " + part + " processes (internal/lease)",
@@ -145,7 +150,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	}
 	kvs := []jetstream.KeyValueConfig{livenessConfig(c), bridgeSessionsConfig(c)}
 	for _, part := range LeaseParts {
-		kvs = append(kvs, leasesConfig(c, part))
+		kvs = append(kvs, LeasesConfig(c, part))
 	}
 	for _, kv := range kvs {
 		err := declareStream(ctx, js, bucketStream(kv), func(ctx context.Context) error {

@@ -15,12 +15,16 @@ var ErrNotDeclared = errors.New("not declared")
 // user in deploy/nats/accounts.conf): it only looks the streams and buckets up, and refuses a
 // READINGS stream partitioned otherwise than c says, as Declare does.
 func CheckDeclared(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
-	for _, name := range []string{ReadingsStream, EventsStream, DeliveriesStream, SetAsideStream,
-		"KV_" + LivenessBucket, "KV_" + BridgeSessionsBucket} {
+	names := []string{ReadingsStream, EventsStream, DeliveriesStream, SetAsideStream,
+		"KV_" + LivenessBucket, "KV_" + BridgeSessionsBucket}
+	for _, part := range LeaseParts {
+		names = append(names, "KV_"+LeasesBucket(part))
+	}
+	for _, name := range names {
 		s, err := js.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("stream %s: %w; declare the streams once with the admin user "+
-				"(a `locks run` with LOCKS_NATS_DECLARE=true)", name, ErrNotDeclared)
+				"(`locks migrate` with LOCKS_NATS_URL set)", name, ErrNotDeclared)
 		}
 		if err != nil {
 			return fmt.Errorf("look up stream %s: %w", name, err)
