@@ -21,8 +21,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 // MaxPayload is the prefix of a refused message kept in its record: enough to see what it
@@ -63,12 +65,19 @@ type Recorder struct {
 	total    *prometheus.CounterVec
 }
 
+// retry is the delay between tries of a record while NATS is away.
+var retry = backoff.Policy{Min: 200 * time.Millisecond, Max: 5 * time.Second}
+
 // NewRecorder returns the recorder of consumer (a part's name). The counter
 // locks_set_aside_total{consumer,reason} is shared by every part of a process: a second
 // registration reuses the first.
 func NewRecorder(consumer string, js jetstream.JetStream, log *slog.Logger, reg prometheus.Registerer) (*Recorder, error) {
-	if consumer == "" || js == nil || log == nil || reg == nil {
-		return nil, errors.New("setaside: consumer, JetStream, logger and registerer are required")
+	if consumer == "" {
+		return nil, errors.New("setaside: the consumer's name is required")
+	}
+	if err := part.Require("setaside "+consumer, part.Dep{Name: "JS", Value: js}, part.Dep{Name: "Logger", Value: log},
+		part.Dep{Name: "Registerer", Value: reg}); err != nil {
+		return nil, err
 	}
 	total := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_set_aside_total",
 		Help: "Log messages a consumer refused and set aside in SET_ASIDE, by consumer and reason."},
@@ -123,12 +132,8 @@ func (r *Recorder) SetAside(ctx context.Context, stream string, seq uint64, subj
 		if attempt%10 == 1 {
 			r.log.Warn("record a set-aside message; retrying", "stream", stream, "seq", seq, "attempt", attempt, "err", err)
 		}
-		t := time.NewTimer(min(time.Duration(attempt)*200*time.Millisecond, 5*time.Second))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, retry.Next(attempt)) {
 			return fmt.Errorf("set aside %s seq %d: %w", stream, seq, ctx.Err())
-		case <-t.C:
 		}
 	}
 	r.total.WithLabelValues(r.consumer, reason).Inc()
