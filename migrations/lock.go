@@ -12,9 +12,9 @@ import (
 // compare-and-set ClickHouse lacks, and a lease can run out under a slow migration), while a
 // Postgres session lock ends with its connection. Every deployment has that Postgres.
 func withPostgresLock(ctx context.Context, dsn, key string, fn func() error) error {
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := postgresConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("LOCKS_POSTGRES_URL: %w", err)
+		return err
 	}
 	if err := createPostgresDB(ctx, cfg); err != nil {
 		return err

@@ -40,19 +40,28 @@ func Postgres() fs.FS { s, _ := fs.Sub(postgresFS, "postgres"); return s }
 // ClickHouse returns the ClickHouse migrations.
 func ClickHouse() fs.FS { s, _ := fs.Sub(clickhouseFS, "clickhouse"); return s }
 
-// MigratePostgres creates the database of dsn if missing and applies every migration.
 // ConnectTimeout bounds each connection attempt of a migration.
 const ConnectTimeout = 10 * time.Second
 
-func MigratePostgres(ctx context.Context, dsn string, log *slog.Logger) error {
+// postgresConfig parses dsn with each connection attempt bounded by ConnectTimeout.
+func postgresConfig(dsn string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("LOCKS_POSTGRES_URL: %w", err)
+		return nil, fmt.Errorf("LOCKS_POSTGRES_URL: %w", err)
 	}
 	// An unreachable server surfaces within seconds; the migrations themselves (a table moved
 	// into partitions, another process's run waited for) may take long.
 	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > ConnectTimeout {
 		cfg.ConnectTimeout = ConnectTimeout
+	}
+	return cfg, nil
+}
+
+// MigratePostgres creates the database of dsn if missing and applies every migration.
+func MigratePostgres(ctx context.Context, dsn string, log *slog.Logger) error {
+	cfg, err := postgresConfig(dsn)
+	if err != nil {
+		return err
 	}
 	if err := createPostgresDB(ctx, cfg); err != nil {
 		return err
