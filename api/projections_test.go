@@ -47,7 +47,7 @@ func newProjEnv(t *testing.T) *projEnv {
 		r, err := rebuild.New(rebuild.Config{PartitionCount: projParts}, rebuild.Deps{JS: p.nats.JS, Logger: log, Projections: []rebuild.Projection{
 			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: projParts, ProgressEvery: 100 * time.Millisecond, BatchSize: 500},
 				Deps: state.RebuildDeps{JS: p.nats.JS, PG: d.PG.(*pgxpool.Pool), Logger: log}},
-			history.Projection{Deps: history.RebuildDeps{JS: p.nats.JS, CH: p.ch, Logger: log}},
+			history.Projection{Rebuilds: history.RebuildConfig{PartitionCount: projParts}, Deps: history.RebuildDeps{JS: p.nats.JS, CH: p.ch, Logger: log}},
 		}})
 		if err != nil {
 			t.Fatal(err)

@@ -170,7 +170,7 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 		}
 	}
 	if doHistory {
-		r, err := projhistory.NewRebuild(projhistory.RebuildConfig{FromSeq: o.fromSeq, Progress: progress("history")},
+		r, err := projhistory.NewRebuild(projhistory.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, Progress: progress("history")},
 			projhistory.RebuildDeps{JS: js, CH: ch, Logger: log})
 		if err != nil {
 			return err

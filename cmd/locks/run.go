@@ -193,7 +193,7 @@ func buildPart(name string, d deps) (runner, error) {
 		// Rebuilds started through the API run in this process, and stop with the API.
 		rb, err := rebuild.New(rebuild.Config{PartitionCount: d.cfg.Partitions}, rebuild.Deps{JS: d.js, Logger: d.log, Projections: []rebuild.Projection{
 			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: state.RebuildDeps{JS: d.js, PG: d.pg, Logger: d.log}},
-			projhistory.Projection{Deps: projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}},
+			projhistory.Projection{Rebuilds: projhistory.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}},
 		}})
 		if err != nil {
 			return nil, err

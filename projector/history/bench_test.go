@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -21,17 +23,19 @@ func BenchmarkHistoryInsert(b *testing.B) {
 	const total = 1_000_000
 	logs := historyReadings(1000, total, time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC), 0)
 	var msgs [][]byte
+	var subjects []string
 	for _, l := range logs {
 		if l.Kind == event.KindReading {
 			m, _ := json.Marshal(l)
 			msgs = append(msgs, m)
+			subjects = append(subjects, natsx.ReadingsStoredSubject(partition.Of(l.SensorID, historyPartitions), l.SensorID))
 		}
 	}
 	t := tables[0]
 	start := time.Now()
 	rows := make([]any, 0, len(msgs))
 	for i, m := range msgs {
-		r, err := t.decode(m, &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: uint64(i + 1)}})
+		r, err := t.decode(subjects[i], m, &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: uint64(i + 1)}}, historyPartitions)
 		if err != nil {
 			b.Fatal(err)
 		}

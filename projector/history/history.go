@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
@@ -180,15 +181,16 @@ func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consume
 		if md, err := msg.Metadata(); err == nil {
 			it.stamp = md.Timestamp
 			src.numPending.Store(md.NumPending)
-			refused, cerr := h.checkMsg(sinkCtx, src.stream, msg, md)
-			if cerr != nil {
-				return nil // stopping: the message is redelivered and checked again
-			}
+			it.row, err = s.table.decode(msg.Subject(), msg.Data(), md, h.cfg.PartitionCount)
+			refused := errors.Is(err, event.ErrInvalid)
 			if refused {
-				err = errNotARow // set aside: acked with no row
+				// Set aside before the sink acks it with no row; when the record cannot be
+				// written before the stop, the message is not acked and comes back.
+				if serr := h.setAside.SetAside(sinkCtx, src.stream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); serr != nil {
+					return nil
+				}
+				err = errNotARow
 				h.m.skipped.WithLabelValues(s.table.name, "set_aside").Inc()
-			} else {
-				it.row, err = s.table.decode(msg.Data(), md)
 			}
 			if err != nil && !refused {
 				reason := "undecodable"

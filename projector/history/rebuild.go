@@ -37,6 +37,9 @@ type RebuildConfig struct {
 	FromSeq uint64
 	// BatchSize is the most rows per INSERT (default 20,000).
 	BatchSize int
+	// PartitionCount is READINGS' partition count, for the same check of each message as the
+	// live projector's (a message it sets aside gets no row here either).
+	PartitionCount int
 	// ProgressEvery and Progress as in RebuildConfig.
 	ProgressEvery time.Duration
 	Progress      func(rebuild.Progress)
@@ -251,9 +254,9 @@ func (r *Rebuild) copyToEnd(ctx context.Context, c *copier, table string) error 
 			}
 			c.last = md.Sequence.Stream
 			c.pend.Store(md.NumPending)
-			row, err := t.decode(m.Data(), md)
+			row, err := t.decode(m.Subject(), m.Data(), md, r.cfg.PartitionCount)
 			if err != nil {
-				continue // not a row, or one the live projector skips as well
+				continue // not a row, or one the live projector skips or sets aside as well
 			}
 			rows = append(rows, row)
 		}

@@ -74,7 +74,7 @@ func TestHistoryRebuild(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	r, err := NewRebuild(RebuildConfig{BatchSize: 1000}, RebuildDeps{JS: e.nats.JS, CH: e.ch, Logger: testenv.Logger(t)})
+	r, err := NewRebuild(RebuildConfig{PartitionCount: historyPartitions, BatchSize: 1000}, RebuildDeps{JS: e.nats.JS, CH: e.ch, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestHistoryRebuildRefusesTruncatedLog(t *testing.T) {
 	if err := st.Purge(t.Context(), jetstream.WithPurgeSequence(50)); err != nil {
 		t.Fatal(err)
 	}
-	r, err := NewRebuild(RebuildConfig{}, RebuildDeps{JS: e.nats.JS, CH: e.ch, Logger: testenv.Logger(t)})
+	r, err := NewRebuild(RebuildConfig{PartitionCount: historyPartitions}, RebuildDeps{JS: e.nats.JS, CH: e.ch, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestHistoryRebuildStoppedAndRunAgain(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var stoppedAt atomic.Uint64
-	r, err := NewRebuild(RebuildConfig{BatchSize: 100, ProgressEvery: time.Millisecond, Progress: func(p rebuild.Progress) {
+	r, err := NewRebuild(RebuildConfig{PartitionCount: historyPartitions, BatchSize: 100, ProgressEvery: time.Millisecond, Progress: func(p rebuild.Progress) {
 		if p.Done > 0 && stoppedAt.CompareAndSwap(0, p.Done) {
 			cancel()
 		}
@@ -154,7 +154,7 @@ func TestHistoryRebuildStoppedAndRunAgain(t *testing.T) {
 	if _, err := r.Run(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped history rebuild: %v, want context.Canceled (stopped after %d messages)", err, stoppedAt.Load())
 	}
-	r, err = NewRebuild(RebuildConfig{}, RebuildDeps{JS: e.nats.JS, CH: e.ch, Logger: testenv.Logger(t)})
+	r, err = NewRebuild(RebuildConfig{PartitionCount: historyPartitions}, RebuildDeps{JS: e.nats.JS, CH: e.ch, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,11 @@ type table struct {
 	name string
 	// schema lists the columns, in the order columns returns them.
 	schema chschema.Table
-	// decode turns a message into a row, or errNotARow for a message with no row.
-	decode func(data []byte, md *jetstream.MsgMetadata) (any, error)
+	// decode checks a message stored under subject in a log of partitions partitions and
+	// turns it into a row: errNotARow for a message with no row, an error wrapping
+	// event.ErrInvalid for one that fails the check (the live projector sets it aside).
+	// The live projector and the rebuild share it, so both write the very same rows.
+	decode func(subject string, data []byte, md *jetstream.MsgMetadata, partitions int) (any, error)
 	// columns turns rows into one slice per column, for the batch's columnar Append.
 	columns func(rows []any) []any
 }
@@ -70,8 +73,8 @@ type reading struct {
 	timeMS, receivedMS  uint16
 }
 
-func decodeReading(data []byte, md *jetstream.MsgMetadata) (any, error) {
-	l, err := event.DecodeLog(data)
+func decodeReading(subject string, data []byte, md *jetstream.MsgMetadata, partitions int) (any, error) {
+	l, err := event.CheckLog(subject, data, partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -114,13 +117,10 @@ type eventRow struct {
 	timeMS, receivedMS uint16
 }
 
-func decodeEvent(data []byte, md *jetstream.MsgMetadata) (any, error) {
-	e, err := event.DecodeEvent(data)
+func decodeEvent(subject string, data []byte, md *jetstream.MsgMetadata, partitions int) (any, error) {
+	e, err := event.CheckEvent(subject, data, partitions)
 	if err != nil {
 		return nil, err
-	}
-	if e.ID == "" || e.SensorID == "" || e.Revision < 0 {
-		return nil, errors.New("event without id, sensor or revision")
 	}
 	r := eventRow{id: e.ID, sensorID: e.SensorID, typ: e.Type, revision: uint64(e.Revision),
 		seq: e.Seq, data: e.Data, previous: e.PreviousData}
@@ -157,7 +157,8 @@ type delivery struct {
 	timeMS                                    uint16
 }
 
-func decodeDelivery(data []byte, _ *jetstream.MsgMetadata) (any, error) {
+// decodeDelivery: DELIVERIES is written by the notifier alone, and only decoded.
+func decodeDelivery(_ string, data []byte, _ *jetstream.MsgMetadata, _ int) (any, error) {
 	a, err := event.DecodeAttempt(data)
 	if err != nil {
 		return nil, err
