@@ -272,8 +272,12 @@ func (r *Rebuild) copyToEnd(ctx context.Context, c *copier, table string) error 
 
 // DropOld drops the history tables earlier swaps replaced and returns their names.
 func DropOld(ctx context.Context, ch driver.Conn) ([]string, error) {
-	rows, err := ch.Query(ctx, `SELECT name FROM system.tables WHERE database = currentDatabase()
-		AND match(name, '^(readings|events|deliveries)_old_[0-9]+$') ORDER BY name`)
+	live := make([]string, len(tables))
+	for i, t := range tables {
+		live[i] = t.schema.Name // identifiers of chschema: nothing to quote
+	}
+	rows, err := ch.Query(ctx, fmt.Sprintf(`SELECT name FROM system.tables WHERE database = currentDatabase()
+		AND match(name, '^(%s)_old_[0-9]+$') ORDER BY name`, strings.Join(live, "|")))
 	if err != nil {
 		return nil, fmt.Errorf("list old history tables: %w", err)
 	}
