@@ -90,6 +90,10 @@ type session struct {
 	lastPrune time.Time
 	// claimed are the origins of readings already matched with a redelivery by this session.
 	claimed map[string]bool
+	// recs and cands cache the earlier sessions' records and each sensor's candidates
+	// (sensorCandidates); like claimed, only the reader goroutine touches them.
+	recs  map[string]sessionRecord
+	cands map[string][]candidate
 }
 
 func newSessionID() string {
@@ -105,7 +109,7 @@ func startSession(ctx context.Context, js jetstream.JetStream, now time.Time) (*
 	if err != nil {
 		return nil, fmt.Errorf("open KV bucket %s: %w", natsx.BridgeSessionsBucket, err)
 	}
-	s := &session{id: newSessionID(), kv: kv, js: js, started: now, lastPrune: now, claimed: map[string]bool{}}
+	s := &session{id: newSessionID(), kv: kv, js: js, started: now, lastPrune: now, claimed: map[string]bool{}, cands: map[string][]candidate{}}
 	if err := s.record(ctx, 0, now); err != nil {
 		return nil, err
 	}
@@ -153,6 +157,43 @@ func (s *session) heartbeat(ctx context.Context) {
 	}
 }
 
+// sensorCandidates are the sensor's readings from earlier sessions, read once per session:
+// this session consumes the queue alone (an exclusive consumer), so the sessions that
+// appended them are gone and their records final, and no other session takes deliveries while
+// it runs; its own are not candidates. (A bridge cut off from RabbitMQ may still finish an
+// append it had begun after this session read its candidates: a redelivery of that one is
+// appended again, a reading recorded twice, never one lost.)
+func (s *session) sensorCandidates(ctx context.Context, sensor string) ([]candidate, error) {
+	if c, ok := s.cands[sensor]; ok {
+		return c, nil
+	}
+	if s.recs == nil {
+		recs, err := s.records(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.recs = recs
+		if s.recs == nil {
+			s.recs = map[string]sessionRecord{}
+		}
+	}
+	var cands []candidate
+	if len(s.recs) > 0 {
+		since := time.Time{}
+		for _, r := range s.recs {
+			if since.IsZero() || r.Since.Before(since) {
+				since = r.Since
+			}
+		}
+		var err error
+		if cands, err = s.candidates(ctx, sensor, since.Add(-clockMargin), s.recs); err != nil {
+			return nil, err
+		}
+	}
+	s.cands[sensor] = cands
+	return cands, nil
+}
+
 // candidate is a reading an earlier session appended.
 type candidate struct {
 	origin   string
@@ -171,20 +212,7 @@ type candidate struct {
 // this bridge had acked. A weak identity (a bare {"sensor_id", "data"}) is matched only with
 // the sensor's next unacked reading, as the package comment explains.
 func (s *session) appended(ctx context.Context, sensor, id string, strong bool) (bool, error) {
-	recs, err := s.records(ctx)
-	if err != nil {
-		return false, err
-	}
-	if len(recs) == 0 {
-		return false, nil
-	}
-	since := time.Time{}
-	for _, r := range recs {
-		if since.IsZero() || r.Since.Before(since) {
-			since = r.Since
-		}
-	}
-	cands, err := s.candidates(ctx, sensor, since.Add(-clockMargin), recs)
+	cands, err := s.sensorCandidates(ctx, sensor)
 	if err != nil {
 		return false, err
 	}
@@ -203,8 +231,7 @@ func (s *session) appended(ctx context.Context, sensor, id string, strong bool) 
 	return false, nil
 }
 
-// records reads the other sessions' records afresh: an ack recorded a moment ago must be
-// seen, or an acked reading could be taken for an unacked one.
+// records reads the other sessions' records.
 func (s *session) records(ctx context.Context) (map[string]sessionRecord, error) {
 	keys, err := s.kv.Keys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
