@@ -60,5 +60,6 @@ func MessageID(d amqp.Delivery) string {
 
 func writeValue(h hash.Hash, v any) {
 	// %T and %v are deterministic for every AMQP table type (maps print sorted).
-	fmt.Fprintf(h, "%d:%T=%v;", len(fmt.Sprint(v)), v, v)
+	s := fmt.Sprint(v) // the same text as %v, formatted once
+	fmt.Fprintf(h, "%d:%T=%s;", len(s), v, s)
 }
