@@ -105,20 +105,37 @@ func checkCheckpoint(projection string, p int, seq uint64, stream string, pos st
 
 // mismatchedCheckpoints returns the checkpoints of projection that do not belong to the
 // stream at pos, in partition order, locking every checkpoint row of the projection when
-// lock is set.
-func mismatchedCheckpoints(ctx context.Context, q querier, projection string, pos streamPosition, lock bool) ([]*CheckpointMismatchError, error) {
+// lock is set. Checkpoints move on while this runs (the live projector of another process):
+// one that looks ahead of pos is judged again against READINGS as read after the
+// checkpoints, so that only one really ahead of the stream is returned.
+func mismatchedCheckpoints(ctx context.Context, q querier, js jetstream.JetStream, projection string, pos streamPosition, lock bool) ([]*CheckpointMismatchError, error) {
 	cps, err := readCheckpoints(ctx, q, projection, lock)
 	if err != nil {
 		return nil, err
 	}
 	parts := slices.Sorted(maps.Keys(cps))
-	var out []*CheckpointMismatchError
-	for _, p := range parts {
-		var mm *CheckpointMismatchError
-		if errors.As(checkCheckpoint(projection, p, cps[p].seq, cps[p].stream, pos), &mm) {
-			out = append(out, mm)
+	judge := func(pos streamPosition) (out []*CheckpointMismatchError, ahead bool) {
+		for _, p := range parts {
+			var mm *CheckpointMismatchError
+			if errors.As(checkCheckpoint(projection, p, cps[p].seq, cps[p].stream, pos), &mm) {
+				out = append(out, mm)
+				ahead = ahead || !mm.OtherStream()
+			}
 		}
+		return out, ahead
 	}
+	out, ahead := judge(pos)
+	if !ahead {
+		return out, nil
+	}
+	now, err := readingsPosition(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	if now.id != pos.id {
+		return out, nil // replaced meanwhile: the caller's view stands
+	}
+	out, _ = judge(now)
 	return out, nil
 }
 

@@ -52,7 +52,7 @@ func Rebase(ctx context.Context, js jetstream.JetStream, pg *pgxpool.Pool, fromS
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('locks.rebuild.state'))`); err != nil {
 			return fmt.Errorf("rebuild lock: %w", err)
 		}
-		bad, err := mismatchedCheckpoints(ctx, tx, Name, pos, true)
+		bad, err := mismatchedCheckpoints(ctx, tx, js, Name, pos, true)
 		if err != nil || len(bad) == 0 {
 			return err
 		}

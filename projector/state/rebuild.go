@@ -139,7 +139,7 @@ func (r *Rebuild) plan(ctx context.Context) (eventsTruncated bool, _ error) {
 	}
 	// The shadow follows the live checkpoints: ones of another stream (or ahead of this one)
 	// can never be reached, and the live projector refuses them anyway.
-	bad, err := mismatchedCheckpoints(ctx, r.pg, Name, r.pos, false)
+	bad, err := mismatchedCheckpoints(ctx, r.pg, r.js, Name, r.pos, false)
 	if err != nil {
 		return false, err
 	}
@@ -195,7 +195,7 @@ func (r *Rebuild) prepareShadow(ctx context.Context) (resumed bool, _ error) {
 			exists = false
 		}
 		if exists {
-			bad, err := mismatchedCheckpoints(ctx, tx, ShadowName, r.pos, false)
+			bad, err := mismatchedCheckpoints(ctx, tx, r.js, ShadowName, r.pos, false)
 			if err != nil {
 				return err
 			}
