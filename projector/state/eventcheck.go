@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,7 +15,9 @@ import (
 
 // eventChecker holds the events of one partition read from EVENTS and not matched yet.
 type eventChecker struct {
-	pg        *pgxpool.Pool
+	// pg is the pool, and the swap's transaction while the swap applies the tail: the
+	// lookups must not wait for a pool connection that live batches blocked by the swap hold.
+	pg        rowQuerier
 	p         int
 	cons      *logread.Reader
 	seen      map[string][]byte // event id → payload

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -60,7 +61,8 @@ type Rebuild struct {
 	// pos is READINGS as plan found it: the shadow's checkpoints name its stream.
 	pos streamPosition
 
-	afterBatch func() // tests: called after each committed shadow batch
+	afterBatch func()      // tests: called after each committed shadow batch
+	swapFailed func(error) // tests: called when a swap attempt fails
 }
 
 // NewRebuild checks the configuration.
@@ -88,47 +90,111 @@ func (r *Rebuild) Run(ctx context.Context) (rebuild.Result, error) {
 	if res.Resumed, err = r.prepareShadow(ctx); err != nil {
 		return res, err
 	}
-	workers := make([]*shadowWorker, r.cfg.PartitionCount)
-	for p := range workers {
-		w := &shadowWorker{r: r, p: p, rows: map[string]row{},
-			check: &eventChecker{pg: r.pg, p: p, seen: map[string][]byte{}, truncated: eventsTruncated}}
-		workers[p] = w
-		defer w.close(ctx)
-		if err := w.open(ctx); err != nil {
-			return res, err
+	var cur atomic.Pointer[[]*shadowWorker]
+	defer func() {
+		if ws := cur.Load(); ws != nil {
+			closeWorkers(ctx, *ws)
 		}
-	}
+	}()
+	var earlier shadowCounts // of the workers of earlier swap attempts
 	phase := atomic.Value{}
 	phase.Store("catch-up")
 	stopProgress := rebuild.ReportProgress(r.log, r.cfg.ProgressEvery, r.cfg.Progress, func() (done, pending uint64) {
-		for _, w := range workers {
-			done, pending = done+w.done.Load(), pending+w.pending.Load()
+		done = earlier.done.Load()
+		if ws := cur.Load(); ws != nil {
+			for _, w := range *ws {
+				done, pending = done+w.done.Load(), pending+w.pending.Load()
+			}
 		}
 		return done, pending
 	}, &phase, start)
 	defer stopProgress()
 
-	g, gctx := errgroup.WithContext(ctx)
-	for _, w := range workers {
-		g.Go(func() error { return w.follow(gctx) })
-	}
-	if err := g.Wait(); err != nil {
-		return res, err
-	}
-	phase.Store("swap")
-	if res.OldTable, err = r.swap(ctx, workers); err != nil {
-		return res, err
+	for attempt := 1; ; attempt++ {
+		workers, err := r.openWorkers(ctx, eventsTruncated)
+		cur.Store(&workers)
+		if err != nil {
+			return res, err
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		for _, w := range workers {
+			g.Go(func() error { return w.follow(gctx) })
+		}
+		if err := g.Wait(); err != nil {
+			return res, err
+		}
+		phase.Store("swap")
+		res.OldTable, err = r.swap(ctx, workers)
+		if err == nil {
+			earlier.add(workers)
+			cur.Store(nil)
+			closeWorkers(ctx, workers)
+			break
+		}
+		if r.swapFailed != nil {
+			r.swapFailed(err)
+		}
+		if attempt == swapAttempts || !lockConflict(err) || ctx.Err() != nil {
+			return res, err
+		}
+		// A deadlock with a live batch (which Postgres resolves by failing one of the two) or
+		// the lock timeout: the tail rolled back, so continue from the committed shadow.
+		r.log.Warn("the swap met the live projector's locks: catching up again and retrying", "attempt", attempt, "err", err)
+		earlier.add(workers)
+		cur.Store(nil)
+		closeWorkers(ctx, workers)
+		phase.Store("catch-up")
 	}
 	phase.Store("done")
-	for _, w := range workers {
-		res.Applied += w.done.Load()
-		res.EventsChecked += w.check.checked
-		res.EventsUnverified += w.check.unverified
-	}
+	res.Applied = earlier.done.Load()
+	res.EventsChecked, res.EventsUnverified = earlier.checked, earlier.unverified
 	res.Elapsed = time.Since(start)
 	r.log.Info("state projection rebuilt and swapped in", "applied", res.Applied, "events_checked", res.EventsChecked,
 		"events_unverified", res.EventsUnverified, "old_table", res.OldTable, "elapsed", res.Elapsed.Round(time.Millisecond))
 	return res, nil
+}
+
+// swapAttempts bounds the swaps tried when the live projector's locks get in the way.
+const swapAttempts = 5
+
+// openWorkers opens a shadow worker per partition at the shadow's committed checkpoint.
+func (r *Rebuild) openWorkers(ctx context.Context, eventsTruncated bool) ([]*shadowWorker, error) {
+	workers := make([]*shadowWorker, 0, r.cfg.PartitionCount)
+	for p := range r.cfg.PartitionCount {
+		w := &shadowWorker{r: r, p: p, rows: map[string]row{},
+			check: &eventChecker{pg: r.pg, p: p, seen: map[string][]byte{}, truncated: eventsTruncated}}
+		workers = append(workers, w)
+		if err := w.open(ctx); err != nil {
+			return workers, err
+		}
+	}
+	return workers, nil
+}
+
+func closeWorkers(ctx context.Context, workers []*shadowWorker) {
+	for _, w := range workers {
+		w.close(ctx)
+	}
+}
+
+// shadowCounts sums what the workers of finished attempts did.
+type shadowCounts struct {
+	done                atomic.Uint64
+	checked, unverified int
+}
+
+func (c *shadowCounts) add(workers []*shadowWorker) {
+	for _, w := range workers {
+		c.done.Add(w.done.Load())
+		c.checked += w.check.checked
+		c.unverified += w.check.unverified
+	}
+}
+
+// lockConflict reports a deadlock or a lock wait past lock_timeout.
+func lockConflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "55P03") // deadlock_detected, lock_not_available
 }
 
 // plan says, before anything is written, what the streams no longer hold.

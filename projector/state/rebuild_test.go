@@ -242,6 +242,56 @@ func TestStateRebuildWhileIngesting(t *testing.T) {
 	checkStateAgainstModel(t, e, &pub)
 }
 
+// A swap that cannot take a live checkpoint's lock in time (or loses a deadlock to a live
+// batch) rolls its tail back; the rebuild catches up again from the committed shadow and
+// swaps, without applying the tail twice.
+func TestStateRebuildSwapRetriesAfterLockConflict(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 3)
+	logs := rebuildLog(6, 300, 6000)
+	var pub statePublished
+	e.publish(t, e.nats.JS, logs[:5000], &pub)
+	e.runState(t, e.nats.JS, partition.All(e.n))
+	e.waitCaughtUp(t, &pub, 60*time.Second)
+
+	// sensor_state is read by a transaction that stays open, as a live batch that parsed
+	// its statements before it waits for its checkpoint does: the swap applies the whole
+	// log as its tail (SwapTail), then cannot rename the table.
+	holder, err := e.pg.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(context.WithoutCancel(t.Context()))
+	if _, err := holder.Exec(t.Context(), `SELECT count(*) FROM sensor_state`); err != nil {
+		t.Fatal(err)
+	}
+	r := e.newRebuild(t, RebuildConfig{BatchSize: 400, SwapTail: 1 << 40, LockTimeout: 300 * time.Millisecond})
+	var failures []error
+	r.swapFailed = func(err error) {
+		failures = append(failures, err)
+		if len(failures) == 1 {
+			// Readings that came meanwhile, for the second catch-up; then the lock goes.
+			if err := holder.Rollback(t.Context()); err != nil {
+				t.Error(err)
+			}
+			e.publish(t, e.nats.JS, logs[5000:], &pub)
+			e.waitCaughtUp(t, &pub, 60*time.Second)
+		}
+	}
+	res, err := r.Run(t.Context())
+	if err != nil {
+		t.Fatalf("rebuild: %v (swap failures: %v)", err, failures)
+	}
+	if len(failures) != 1 || !lockConflict(failures[0]) || !strings.Contains(failures[0].Error(), "RENAME") {
+		t.Fatalf("swap failures %v, want one lock timeout at the rename", failures)
+	}
+	afterRebuild(t, e, res)
+	if res.Applied != uint64(len(logs)) {
+		t.Errorf("applied %d readings, want %d: a rolled-back tail was counted or applied twice", res.Applied, len(logs))
+	}
+	checkStateAgainstModel(t, e, &pub)
+}
+
 func TestStateRebuildResumes(t *testing.T) {
 	t.Parallel()
 	e := newStateEnv(t, 4)

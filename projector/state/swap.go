@@ -17,6 +17,15 @@ import (
 // and sensor_state against writes.
 func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, error) {
 	old := OldTablePrefix + rebuild.OldSuffix(time.Now())
+	// What the workers counted before the tail, which a failed swap rolls back.
+	type counts struct {
+		done                uint64
+		checked, unverified int
+	}
+	before := make([]counts, len(workers))
+	for i, w := range workers {
+		before[i] = counts{w.done.Load(), w.check.checked, w.check.unverified}
+	}
 	err := pgx.BeginFunc(ctx, r.pg, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = `+strconv.FormatInt(r.cfg.LockTimeout.Milliseconds(), 10)); err != nil {
 			return fmt.Errorf("lock timeout: %w", err)
@@ -38,7 +47,10 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 		}
 		inTx := func(_ context.Context, f func(pgx.Tx) error) error { return f(tx) }
 		for _, w := range workers {
-			if err := w.applyUpTo(ctx, live[w.p].seq, inTx); err != nil {
+			w.check.pg = tx
+			err := w.applyUpTo(ctx, live[w.p].seq, inTx)
+			w.check.pg = r.pg
+			if err != nil {
 				return fmt.Errorf("tail of partition %d: %w", w.p, err)
 			}
 		}
@@ -62,6 +74,10 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 		return nil
 	})
 	if err != nil {
+		for i, w := range workers {
+			w.done.Store(before[i].done)
+			w.check.checked, w.check.unverified = before[i].checked, before[i].unverified
+		}
 		// The shadow's rows in memory may be ahead of the rolled-back tail: a new Run
 		// continues from the committed shadow.
 		return "", fmt.Errorf("swap the rebuilt state projection in (run the rebuild again to continue): %w", err)
