@@ -126,6 +126,13 @@ type Tally struct {
 	P50, P95, P99 time.Duration
 }
 
+// Seen says whether the webhook with this id was received with a valid signature.
+func (r *Receiver) Seen(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[id]
+}
+
 // Tally returns a copy of the counts so far.
 func (r *Receiver) Tally() Tally {
 	r.mu.Lock()

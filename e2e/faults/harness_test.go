@@ -267,8 +267,11 @@ func (r *run) finish() result {
 		t.Errorf("books: %s", p)
 	}
 	// LOCKS_LOST_AFTER stays at 1 h: any connection_lost during the run is a false alarm.
-	for _, p := range loadgen.Check(b, tally, time.Hour, false) {
-		t.Errorf("webhooks: %s", p)
+	if problems := loadgen.Check(b, tally, time.Hour, false); len(problems) > 0 {
+		for _, p := range problems {
+			t.Errorf("webhooks: %s", p)
+		}
+		r.explainMissing()
 	}
 	res := result{books: b}
 	res.stateStall, res.hooksStall = r.stalls(b.End)
@@ -334,6 +337,52 @@ func (r *run) stallAround(at time.Time) time.Duration {
 
 // checkRevisions reads all of EVENTS: each sensor's revisions are 1..n, each once, and n is
 // its revision in sensor_state. It returns the number of events.
+// explainMissing logs, for each state change in EVENTS the receiver did not get, its
+// delivery row (or its absence), so that a failed run says where the webhook stopped.
+func (r *run) explainMissing() {
+	t := r.t
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
+	defer cancel()
+	s, err := r.js.Stream(ctx, natsx.EventsStream)
+	if err != nil {
+		t.Logf("explain: %v", err)
+		return
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Logf("explain: %v", err)
+		return
+	}
+	shown := 0
+	for shown < 20 {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Logf("explain: %v", err)
+			return
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			e, err := event.DecodeEvent(m.Data())
+			if err != nil || e.Type != event.TypeStateChanged || r.rcv.Seen(e.ID) {
+				continue
+			}
+			md, _ := m.Metadata()
+			var state, lastErr string
+			var attempts int
+			var lastStatus *int
+			err = r.pg.QueryRow(ctx, `SELECT state, attempts, last_status, coalesce(last_error, '') FROM notifier_deliveries WHERE event_id = $1`, e.ID).
+				Scan(&state, &attempts, &lastStatus, &lastErr)
+			t.Logf("missing webhook %s (sensor %s revision %d, EVENTS seq %d): delivery state %q attempts %d last status %v last error %q (%v)",
+				e.ID, e.SensorID, e.Revision, md.Sequence.Stream, state, attempts, lastStatus, lastErr, err)
+			shown++
+		}
+		if got == 0 {
+			return
+		}
+	}
+}
+
 func (r *run) checkRevisions() int {
 	t := r.t
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
