@@ -28,26 +28,44 @@ const ingestRetryMax = 5 * time.Second
 // fenced (an error wrapping lease.ErrFenced: another process owns p now).
 func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
 	msgs := make(chan jetstream.Msg, 4*n.cfg.Batch)
-	var cc jetstream.ConsumeContext
-	for {
-		var err error
-		if cc, err = n.consume(ctx, p, msgs); err == nil {
-			break
-		}
-		n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
-		if !backoff.Sleep(ctx, time.Second) {
-			return nil
-		}
-	}
-	defer cc.Stop()
-	n.log.Info("consuming EVENTS", "partition", p, "epoch", epoch)
 	batch := make([]jetstream.Msg, 0, n.cfg.Batch)
 	retry := backoff.New(100*time.Millisecond, ingestRetryMax)
+	for {
+		// gone says the consumer was deleted under the subscription (by a process that
+		// claimed p while this one still held it, or by an operator): Consume stops then,
+		// and without a new consumer this partition's events would wait forever.
+		gone := make(chan struct{}, 1)
+		var cc jetstream.ConsumeContext
+		for {
+			var err error
+			if cc, err = n.consume(ctx, p, msgs, gone); err == nil {
+				break
+			}
+			n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
+			if !backoff.Sleep(ctx, time.Second) {
+				return nil
+			}
+		}
+		n.log.Info("consuming EVENTS", "partition", p, "epoch", epoch)
+		err := n.ingestFrom(ctx, p, epoch, msgs, gone, batch, retry)
+		cc.Stop()
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		n.log.Warn("the EVENTS consumer went away; creating it again", "partition", p)
+	}
+}
+
+// ingestFrom ingests msgs in batches until ctx is done (nil), a batch is fenced (the error),
+// or gone fires (nil, with ctx alive: the caller consumes again).
+func (n *Notifier) ingestFrom(ctx context.Context, p int, epoch int64, msgs <-chan jetstream.Msg, gone <-chan struct{}, batch []jetstream.Msg, retry *backoff.Backoff) error {
 	for {
 		batch = batch[:0]
 		select {
 		case m := <-msgs:
 			batch = append(batch, m)
+		case <-gone:
+			return nil
 		case <-ctx.Done():
 			return nil
 		}
@@ -80,7 +98,7 @@ func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
 // consume (re)creates partition p's durable consumer to start after its ack floor, so that
 // what a previous owner had been delivered and not acked comes at once rather than after
 // AckWait (ingesting it again is idempotent), and feeds msgs from it.
-func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg) (jetstream.ConsumeContext, error) {
+func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg, gone chan<- struct{}) (jetstream.ConsumeContext, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	name := "notifier-" + strconv.Itoa(p)
@@ -117,6 +135,12 @@ func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg
 		}
 	}, jetstream.PullMaxMessages(2*n.cfg.Batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		n.log.Debug("EVENTS consumer", "partition", p, "err", err)
+		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			select {
+			case gone <- struct{}{}:
+			default:
+			}
+		}
 	}))
 }
 

@@ -3,6 +3,8 @@ package notifier
 import (
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
@@ -124,7 +127,7 @@ func TestNotifierFencedIngestWritesNothing(t *testing.T) {
 	}
 	p := partition.Of("s1", testPartitions)
 	msgs := make(chan jetstream.Msg, 10)
-	cc, err := n.consume(t.Context(), p, msgs)
+	cc, err := n.consume(t.Context(), p, msgs, make(chan struct{}, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,5 +167,30 @@ func TestNotifierFencedIngestWritesNothing(t *testing.T) {
 	}
 	if c := rows(); c != 1 {
 		t.Fatalf("%d delivery rows after the owner's ingest, want 1", c)
+	}
+}
+
+// The EVENTS consumer of a partition deleted under a running notifier (a process that
+// claimed the partition meanwhile, or an operator) is created again from its ack floor:
+// the partition's later events are still delivered, not left waiting for a restart.
+func TestNotifierConsumerDeletedUnderIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rc := newReceiver(t, func(int, http.ResponseWriter, *http.Request) int { return http.StatusNoContent })
+	e.client("c1", rc.URL)
+	e.sensor("s1", "here")
+	e.subscribe("c1", "s1")
+	e.start()
+	e.publish(testEvent("s1", 1, 1))
+	testenv.Eventually(t, 15*time.Second, "the first event delivered", func() bool { return rc.count() >= 1 })
+
+	name := "notifier-" + strconv.Itoa(partition.Of("s1", testPartitions))
+	if err := e.nats.JS.DeleteConsumer(t.Context(), natsx.EventsStream, name); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(testEvent("s1", 2, 0))
+	testenv.Eventually(t, 30*time.Second, "the event after the deletion delivered", func() bool { return rc.count() >= 2 })
+	if _, err := e.nats.JS.Consumer(t.Context(), natsx.EventsStream, name); err != nil {
+		t.Errorf("consumer %s after the recovery: %v", name, err)
 	}
 }

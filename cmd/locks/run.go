@@ -237,7 +237,16 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions, auto: o.auto}
 
 	if usePG {
-		pool, err := pgxpool.New(ctx, cfg.PostgresURL)
+		pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
+		if err != nil {
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+		}
+		// Names this process's sessions in pg_stat_activity (and lock waits) unless the URL or
+		// PGAPPNAME already does.
+		if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
+			pcfg.ConnConfig.RuntimeParams["application_name"] = "locks " + strings.Join(o.targets, ",")
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
 		}

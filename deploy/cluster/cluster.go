@@ -261,6 +261,7 @@ func (c *Cluster) startPart(ctx context.Context, p *Part) error {
 		"LOCKS_HTTP_ADDR="+p.HTTPAddr,
 		"LOCKS_GRPC_ADDR="+p.GRPCAddr,
 		"LOCKS_DATA_DIR="+filepath.Join(c.cfg.Dir, name),
+		"PGAPPNAME="+name, // its Postgres sessions carry its name
 	)
 	proc, err := start(name, cmd, c.cfg.Out, &c.outMu)
 	if err != nil {

@@ -192,21 +192,45 @@ func TestFaultStateProcessKilled(t *testing.T) {
 }
 
 // SIGSTOP a state process past its lease, then SIGCONT: it commits nothing for the
-// partitions it lost (its applied count stands until it claims a partition again).
+// partitions it lost. Every checkpoint write is logged by a trigger with the writer's
+// Postgres application_name (PGAPPNAME, set per process by the cluster) and the time it
+// ran: none of the paused process's may run after its partitions were all taken over (a
+// write in flight at SIGSTOP ran before: the claim waits for its transaction).
 func TestFaultStateProcessPaused(t *testing.T) {
 	requireFaults(t)
 	r := startRun(t, localServers(t), 60*time.Second)
+	if _, err := r.pg.Exec(t.Context(), `
+		CREATE TABLE checkpoint_writes (partition int, seq bigint, writer text, at timestamptz);
+		CREATE FUNCTION log_checkpoint_write() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO checkpoint_writes VALUES (NEW.partition, NEW.seq, current_setting('application_name'), clock_timestamp());
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER checkpoint_writes AFTER INSERT OR UPDATE ON checkpoints
+			FOR EACH ROW WHEN (NEW.projection = 'state') EXECUTE FUNCTION log_checkpoint_write();
+		CREATE TABLE partition_claims (partition int, owner text, at timestamptz);
+		CREATE FUNCTION log_partition_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO partition_claims VALUES (NEW.partition, NEW.owner, clock_timestamp());
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER partition_claims AFTER INSERT OR UPDATE ON partition_owners
+			FOR EACH ROW WHEN (NEW.projection = 'state') EXECUTE FUNCTION log_partition_claim();`); err != nil {
+		t.Fatal(err)
+	}
 	victim := r.stateVictim()
 	pid := victim.Cmd.Process.Pid
 	lost0 := metric(victim, "locks_lease_lost_total")
-	applied0 := metric(victim, "locks_state_applied_total") // its metrics cannot change while stopped
-	claims0 := metric(victim, "locks_lease_claims_total")
 	at := time.Now()
 	if err := victim.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
 	if err != nil {
+		t.Fatal(err)
+	}
+	var takenOver time.Time
+	if err := r.pg.QueryRow(t.Context(), `SELECT clock_timestamp()`).Scan(&takenOver); err != nil {
 		t.Fatal(err)
 	}
 	// Past the lease by a margin, so that the process wakes with every lease long gone.
@@ -217,24 +241,27 @@ func TestFaultStateProcessPaused(t *testing.T) {
 	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	// Until it claims a partition again, it must commit nothing.
-	var applied, claims float64
-	deadline := time.Now().Add(3 * lease.TTLDefault)
-	for time.Now().Before(deadline) {
-		applied, claims = metric(victim, "locks_state_applied_total"), metric(victim, "locks_lease_claims_total")
-		if claims > claims0 {
-			break
-		}
-		if applied > applied0 {
-			t.Fatalf("after SIGCONT, %s applied %v readings without claiming a partition again", victim.Name, applied-applied0)
-		}
-		time.Sleep(50 * time.Millisecond)
+	testenv.Eventually(t, 3*lease.TTLDefault, victim.Name+" to count its lost partitions", func() bool {
+		return metric(victim, "locks_lease_lost_total") > lost0
+	})
+	res := r.finish()
+	var before, after, others int
+	var firstAfter *time.Time
+	// After the takeover, a write of the paused process to a partition is one only if it
+	// claimed that partition again before it.
+	if err := r.pg.QueryRow(t.Context(), `WITH w AS (SELECT *, at > $2 AND NOT EXISTS (SELECT 1 FROM partition_claims c
+			WHERE c.partition = w.partition AND c.owner LIKE $3 AND c.at > $2 AND c.at < w.at) AS unowned FROM checkpoint_writes w)
+		SELECT count(*) FILTER (WHERE writer = $1 AND at <= $2), count(*) FILTER (WHERE writer = $1 AND unowned),
+			count(*) FILTER (WHERE writer <> $1 AND at > $2), min(at) FILTER (WHERE writer = $1 AND unowned) FROM w`,
+		victim.Name, takenOver, fmt.Sprintf("%%-%d-%%", pid)).Scan(&before, &after, &others, &firstAfter); err != nil {
+		t.Fatal(err)
 	}
-	lost := metric(victim, "locks_lease_lost_total")
-	t.Logf("SIGSTOP %s for %s: its partitions taken over in %s; after SIGCONT it counted %v partitions lost, applied %v before claiming again (claims %v → %v)",
-		victim.Name, stopped.Round(100*time.Millisecond), took.Round(10*time.Millisecond), lost-lost0, applied-applied0, claims0, claims)
-	if lost <= lost0 {
-		t.Errorf("%s did not count its lost partitions (locks_lease_lost_total %v → %v)", victim.Name, lost0, lost)
+	t.Logf("SIGSTOP %s for %s: its partitions taken over in %s; checkpoint writes: %d by it before the takeover, %d by it after without claiming again, %d by the others after (%d events)",
+		victim.Name, stopped.Round(100*time.Millisecond), took.Round(10*time.Millisecond), before, after, others, res.events)
+	if before == 0 || others == 0 {
+		t.Errorf("the trigger saw %d writes of %s and %d of the others: it shows nothing", before, victim.Name, others)
 	}
-	r.finish()
+	if after > 0 {
+		t.Errorf("%s wrote %d checkpoints of partitions it had lost (first at %v, takeover seen at %v)", victim.Name, after, firstAfter, takenOver)
+	}
 }
