@@ -80,6 +80,10 @@ type Deps struct {
 	// DeadLetters lists and redrives dead-lettered deliveries (deliveries.go); nil means
 	// those calls answer UNIMPLEMENTED.
 	DeadLetters DeadLetters
+	// Controls are the webhook controls (controls.go): enable, disable, resend, test event,
+	// statistics, and the breaker reset a redrive also sends; nil means those calls answer
+	// UNIMPLEMENTED (and a redrive resets no breaker).
+	Controls Controls
 }
 
 // Server is the admin API.
@@ -102,6 +106,7 @@ type Server struct {
 	projections Projections         // runs ProjectionService's rebuilds (projections.go)
 	js          jetstream.JetStream // SET_ASIDE is read from it (setaside.go)
 	deadLetters DeadLetters         // dead-lettered deliveries (deliveries.go)
+	controls    Controls            // webhook controls (controls.go)
 }
 
 // New builds the API; nothing is listened on until Run (or Serve).
@@ -123,6 +128,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		mem: bufconn.Listen(1 << 20),
 	}
 	s.deadLetters = deps.DeadLetters
+	s.controls = deps.Controls
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
 	}
@@ -138,6 +144,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterHistoryServiceServer(s.grpc, &historyService{s: s})
 	locksv1.RegisterProjectionServiceServer(s.grpc, &projectionService{s: s})
 	locksv1.RegisterSetAsideServiceServer(s.grpc, &setAsideService{s: s})
+	locksv1.RegisterWebhookControlServiceServer(s.grpc, &controlService{s: s})
 	// Server reflection lets grpcurl and the like discover the services (with a token: the
 	// stream interceptor guards it like every call).
 	reflection.Register(s.grpc)

@@ -56,6 +56,9 @@ func (c *clientService) CreateClient(ctx context.Context, req *locksv1.CreateCli
 	if err := c.s.checkWebhookURL(ctx, in.GetWebhookUrl()); err != nil {
 		return nil, err
 	}
+	if err := checkEventTypes("event_types", in.GetEventTypes()); err != nil {
+		return nil, err
+	}
 	secret, err := newSecret()
 	if err != nil {
 		return nil, err
@@ -66,8 +69,8 @@ func (c *clientService) CreateClient(ctx context.Context, req *locksv1.CreateCli
 			return nil, err
 		}
 		row, err := scanClient(c.s.db.QueryRow(ctx, `
-			INSERT INTO clients AS c (id, name, webhook_url, signing_secret) VALUES ($1, $2, $3, $4)
-			RETURNING `+clientCols, id, in.GetName(), in.GetWebhookUrl(), secret))
+			INSERT INTO clients AS c (id, name, webhook_url, signing_secret, event_types) VALUES ($1, $2, $3, $4, $5)
+			RETURNING `+clientCols, id, in.GetName(), in.GetWebhookUrl(), secret, storedTypes(in.GetEventTypes())))
 		if isUniqueViolation(err) {
 			continue // an id drawn twice: draw again
 		}
@@ -134,8 +137,9 @@ func (c *clientService) ListClients(ctx context.Context, req *locksv1.ListClient
 // updatable fields of a client; output-only ones in a mask are ignored (AIP-161), so that a
 // resource read with GET can be sent back whole.
 var (
-	clientUpdatable  = []string{"name", "webhook_url"}
-	clientOutputOnly = []string{"id", "signing_secret", "previous_secret", "previous_secret_until", "create_time", "update_time", "etag"}
+	clientUpdatable  = []string{"name", "webhook_url", "event_types"}
+	clientOutputOnly = []string{"id", "signing_secret", "previous_secret", "previous_secret_until", "create_time", "update_time", "etag",
+		"disabled_time", "disabled_reason"}
 )
 
 // maskPaths resolves an update mask to the updatable fields it names. No mask at all, or
@@ -189,6 +193,8 @@ func (c *clientService) UpdateClient(ctx context.Context, req *locksv1.UpdateCli
 			err = checkText("name", in.GetName(), maxNameLen)
 		case "webhook_url":
 			err = c.s.checkWebhookURL(ctx, in.GetWebhookUrl())
+		case "event_types":
+			err = checkEventTypes("event_types", in.GetEventTypes())
 		}
 		if err != nil {
 			return nil, err
@@ -203,7 +209,10 @@ func (c *clientService) UpdateClient(ctx context.Context, req *locksv1.UpdateCli
 		if err := checkEtag(ctx, "client", id, cur.etag(), in.GetEtag()); err != nil {
 			return err
 		}
-		name, hook := cur.Name, cur.WebhookURL
+		name, hook, types := cur.Name, cur.WebhookURL, cur.EventTypes
+		if slices.Contains(paths, "event_types") {
+			types = storedTypes(in.GetEventTypes())
+		}
 		if slices.Contains(paths, "name") {
 			name = in.GetName()
 		}
@@ -215,8 +224,8 @@ func (c *clientService) UpdateClient(ctx context.Context, req *locksv1.UpdateCli
 			return nil
 		}
 		row, err = scanClient(tx.QueryRow(ctx, `
-			UPDATE clients AS c SET name = $2, webhook_url = $3, version = c.version + 1, updated_at = now()
-			WHERE c.id = $1 RETURNING `+clientCols, id, name, hook))
+			UPDATE clients AS c SET name = $2, webhook_url = $3, event_types = $4, version = c.version + 1, updated_at = now()
+			WHERE c.id = $1 RETURNING `+clientCols, id, name, hook, types))
 		if err != nil {
 			return fmt.Errorf("update client: %w", err)
 		}

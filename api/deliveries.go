@@ -113,5 +113,11 @@ func (h *historyService) RedriveClientDeliveries(ctx context.Context, req *locks
 	}
 	h.s.log.Info("dead deliveries redriven", "client_id", req.GetClientId(), "redriven", n,
 		"start_time", from, "end_time", to)
+	// An operator redriving says the endpoint is fixed: every notifier closes its breaker.
+	if h.s.controls != nil {
+		if err := h.s.controls.Reset(ctx, req.GetClientId()); err != nil {
+			h.s.log.Warn("redrive: breaker reset not sent; the deliveries wait for the cooldown", "client_id", req.GetClientId(), "err", err)
+		}
+	}
 	return &locksv1.RedriveClientDeliveriesResponse{Redriven: int32(min(n, math.MaxInt32))}, nil
 }

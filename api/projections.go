@@ -131,7 +131,7 @@ func rebuildProto(st rebuild.Status) *locksv1.Rebuild {
 func restStatus(st *status.Status) int {
 	if st.Code() == codes.FailedPrecondition {
 		for _, d := range st.Details() {
-			if pf, ok := d.(*errdetails.PreconditionFailure); ok && len(pf.GetViolations()) > 0 && pf.GetViolations()[0].GetType() == rebuildRunningType {
+			if pf, ok := d.(*errdetails.PreconditionFailure); ok && len(pf.GetViolations()) > 0 && (pf.GetViolations()[0].GetType() == rebuildRunningType || pf.GetViolations()[0].GetType() == deliveryStateType) {
 				return http.StatusConflict
 			}
 		}

@@ -105,13 +105,18 @@ type clientRow struct {
 	PrevUntil                    *time.Time
 	Version                      int64
 	Created, Updated             time.Time
+	EventTypes                   []string
+	DisabledAt                   *time.Time
+	DisabledReason               *string
 }
 
-const clientCols = `c.id, c.name, c.webhook_url, c.signing_secret, c.previous_secret, c.previous_secret_until, c.version, c.created_at, c.updated_at`
+const clientCols = `c.id, c.name, c.webhook_url, c.signing_secret, c.previous_secret, c.previous_secret_until, c.version, c.created_at, c.updated_at,
+	c.event_types, c.disabled_at, c.disabled_reason`
 
 func scanClient(row pgx.Row) (clientRow, error) {
 	var c clientRow
-	err := row.Scan(&c.ID, &c.Name, &c.WebhookURL, &c.Secret, &c.PrevSecret, &c.PrevUntil, &c.Version, &c.Created, &c.Updated)
+	err := row.Scan(&c.ID, &c.Name, &c.WebhookURL, &c.Secret, &c.PrevSecret, &c.PrevUntil, &c.Version, &c.Created, &c.Updated,
+		&c.EventTypes, &c.DisabledAt, &c.DisabledReason)
 	return c, err
 }
 
@@ -122,7 +127,13 @@ func (c clientRow) etag() string { return etagOf(c.ID, c.Created, c.Version) }
 func (c clientRow) proto(withSecrets bool, now time.Time) *locksv1.Client {
 	p := &locksv1.Client{
 		Id: c.ID, Name: c.Name, WebhookUrl: c.WebhookURL,
-		CreateTime: ts(c.Created), UpdateTime: ts(c.Updated), Etag: c.etag(),
+		CreateTime: ts(c.Created), UpdateTime: ts(c.Updated), Etag: c.etag(), EventTypes: c.EventTypes,
+	}
+	if c.DisabledAt != nil {
+		p.DisabledTime = ts(*c.DisabledAt)
+	}
+	if c.DisabledReason != nil {
+		p.DisabledReason = *c.DisabledReason
 	}
 	if withSecrets {
 		p.SigningSecret = c.Secret

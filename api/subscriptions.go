@@ -34,6 +34,9 @@ func (sub *subscriptionService) CreateSubscription(ctx context.Context, req *loc
 	if err := checkClientID("client_id", req.GetClientId()); err != nil {
 		return nil, err
 	}
+	if err := checkEventTypes("event_types", req.GetEventTypes()); err != nil {
+		return nil, err
+	}
 	// One statement: whether each side exists, the new row if one was made, else the old one
 	// (a data-modifying CTE's row is not visible to the other subqueries, the old one is).
 	var sensorOK, clientOK bool
@@ -42,12 +45,12 @@ func (sub *subscriptionService) CreateSubscription(ctx context.Context, req *loc
 		WITH s AS (SELECT id FROM sensors WHERE id = $1),
 		     c AS (SELECT id FROM clients WHERE id = $2),
 		     ins AS (
-				INSERT INTO subscriptions (client_id, sensor_id) SELECT c.id, s.id FROM s, c
-				ON CONFLICT (client_id, sensor_id) DO NOTHING
+				INSERT INTO subscriptions (client_id, sensor_id, event_types) SELECT c.id, s.id, $3 FROM s, c
+				ON CONFLICT (client_id, sensor_id) DO UPDATE SET event_types = excluded.event_types
 				RETURNING created_at)
 		SELECT EXISTS (SELECT 1 FROM s), EXISTS (SELECT 1 FROM c), (SELECT created_at FROM ins),
 			(SELECT created_at FROM subscriptions WHERE client_id = $2 AND sensor_id = $1)`,
-		req.GetSensorId(), req.GetClientId()).Scan(&sensorOK, &clientOK, &created, &existing)
+		req.GetSensorId(), req.GetClientId(), storedTypes(req.GetEventTypes())).Scan(&sensorOK, &clientOK, &created, &existing)
 	if isForeignKeyViolation(err) {
 		// The sensor or client was deleted at this very moment.
 		return nil, fmt.Errorf("%w: sensor %q or client %q was just deleted", ErrNotFound, req.GetSensorId(), req.GetClientId())
@@ -73,7 +76,9 @@ func (sub *subscriptionService) CreateSubscription(ctx context.Context, req *loc
 	if created == nil {
 		created = existing
 	}
-	return &locksv1.CreateSubscriptionResponse{Subscription: subscriptionProto(req.GetSensorId(), req.GetClientId(), *created)}, nil
+	out := subscriptionProto(req.GetSensorId(), req.GetClientId(), *created)
+	out.EventTypes = req.GetEventTypes()
+	return &locksv1.CreateSubscriptionResponse{Subscription: out}, nil
 }
 
 func (sub *subscriptionService) DeleteSubscription(ctx context.Context, req *locksv1.DeleteSubscriptionRequest) (*locksv1.DeleteSubscriptionResponse, error) {

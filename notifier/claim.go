@@ -31,7 +31,7 @@ type claimed struct {
 // key, one attempt at a time, in revision order. A healthy receiver thus gets every
 // revision; only rows that already failed are superseded by newer ones (see supersede).
 const (
-	claimable = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now())`
+	claimable = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now()) AND ` + notDisabled
 	// OFFSET 0 keeps this a per-row index probe: as an anti-join the planner would hash the
 	// whole table for every claim.
 	unblocked = `NOT EXISTS (SELECT 1 FROM notifier_deliveries o
@@ -102,7 +102,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base,
 			       coalesce(cl.webhook_url, ''), coalesce(cl.signing_secret, ''), coalesce(cl.previous_secret, ''),
 			       coalesce(cl.previous_secret_until, 'epoch'::timestamptz), coalesce(s.address, ''),
-			       sub.client_id IS NOT NULL
+			       sub.client_id IS NOT NULL OR c.sensor_id = '`+testSensorID+`'
 			FROM c
 			LEFT JOIN clients cl ON cl.id = c.client_id
 			LEFT JOIN sensors s ON s.id = c.sensor_id

@@ -52,6 +52,12 @@ type Config struct {
 	BreakerMaxCooldown time.Duration
 	// Retention keeps finished rows (delivered, cancelled, superseded) this long (RetentionDefault).
 	Retention time.Duration
+	// DisableAfter disables a client whose attempts all failed for this long
+	// (LOCKS_ENDPOINT_DISABLE_AFTER, DisableAfterDefault there); zero never disables.
+	DisableAfter time.Duration
+	// MetricsMaxClients clients get their own label in the per-client metrics, the rest are
+	// summed under client="other" (MetricsMaxClientsDefault).
+	MetricsMaxClients int
 }
 
 func (c *Config) setDefaults() {
@@ -69,6 +75,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxInFlight, MaxInFlightDefault)
 	def(&c.PerEndpoint, PerEndpointDefault)
 	def(&c.BreakerThreshold, BreakerThresholdDefault)
+	def(&c.MetricsMaxClients, MetricsMaxClientsDefault)
 	defD(&c.PollInterval, PollIntervalDefault)
 	defD(&c.BreakerCooldown, BreakerCooldownDefault)
 	defD(&c.BreakerMaxCooldown, BreakerMaxCooldownDefault)
@@ -84,6 +91,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("notifier: partitions must be >= 1, got %d", c.PartitionCount)
 	case c.WebhookTimeout <= 0:
 		return fmt.Errorf("notifier: webhook timeout must be positive, got %s", c.WebhookTimeout)
+	case c.DisableAfter < 0:
+		return fmt.Errorf("notifier: disable-after must be zero (never) or positive, got %s", c.DisableAfter)
 	}
 	for _, s := range c.RetrySchedule {
 		if s <= 0 {

@@ -46,7 +46,10 @@
 //     Redrive never revives a revision older than the newest one of its key.
 //   - Several notifier processes share one table: ingest is split by EVENTS partition
 //     (one durable consumer per partition), sending by claims. The per-endpoint limit and
-//     the circuit breaker are per process.
+//     the circuit breaker are per process; an operator's fix (redrive, resend, re-enable)
+//     resets a client's breaker in all of them over core NATS (reset.go).
+//   - A disabled client (controls.go, disable.go) is excluded from claims: its deliveries
+//     wait, pending and in order, until it is re-enabled.
 //   - Isolation: at most Config.PerEndpoint attempts per client in flight per process and
 //     a circuit breaker per client; a client that cannot take an attempt is excluded from
 //     claims, so its backlog waits in Postgres instead of holding slots, and every attempt

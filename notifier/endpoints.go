@@ -145,3 +145,27 @@ func (es *endpoints) release(client string, ok bool, took time.Duration, now tim
 	}
 	return opened
 }
+
+// reset closes client's breaker and forgets its failures (an operator fixed the endpoint):
+// its deliveries are claimable at once. Attempts in flight keep their slots.
+func (es *endpoints) reset(client string) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	e := es.m[client]
+	if e == nil {
+		return
+	}
+	e.fails, e.cooldown, e.openUntil, e.probing = 0, 0, time.Time{}, false
+	e.limit = max(e.limit, es.perEndpoint)
+	if e.inflight == 0 {
+		delete(es.m, client)
+	}
+}
+
+// open reports whether client's breaker is open or half-open in this process.
+func (es *endpoints) open(client string) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	e := es.m[client]
+	return e != nil && e.fails >= es.threshold
+}

@@ -28,13 +28,15 @@ type result struct {
 // finish writes the outcomes of attempts in one transaction, with their attempt records in
 // the outbox. A row whose lease was lost (another process took it over after expiry) is left
 // alone. A failed attempt of a row that now has a newer revision is superseded instead of
-// retried. It returns the records written.
-func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
+// retried. The endpoints' health is recorded with them, and a client failing for longer than
+// disableAfter is disabled (recordHealth). It returns the records written and the clients
+// disabled, with their reasons.
+func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration) ([]event.Attempt, map[string]string, error) {
 	var (
-		ids, tokens, delays []int64
-		states, errs        []string
-		statuses            []int32
-		counted             []bool
+		ids, tokens, delays, latencies []int64
+		states, errs                   []string
+		statuses                       []int32
+		counted                        []bool
 	)
 	// Rows in id order, so that two finishing batches lock them in the same order.
 	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
@@ -45,8 +47,10 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 		states, delays = append(states, r.state), append(delays, r.delay.Microseconds())
 		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
 		counted = append(counted, !r.aborted)
+		latencies = append(latencies, r.latency.Milliseconds())
 	}
 	var recs []event.Attempt
+	var disabled map[string]string
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		recs = recs[:0]
 		// Locked in id order before the update (see supersede).
@@ -63,11 +67,13 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 				next_at = CASE WHEN r.counted AND r.state = 'pending' THEN now() + r.delay * interval '1 microsecond' ELSE d.next_at END,
 				last_status = CASE WHEN r.counted THEN nullif(r.status, 0) ELSE d.last_status END,
 				last_error = CASE WHEN r.counted THEN nullif(r.err, '') ELSE d.last_error END,
+				failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
+				last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
 				lease_until = NULL, lease_token = NULL, updated_at = now()
-			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[])
-			     AS r(id, token, state, delay, status, err, counted)
+			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[], $8::bigint[])
+			     AS r(id, token, state, delay, status, err, counted, latency)
 			WHERE d.id = r.id AND d.lease_token = r.token AND d.state = 'pending'
-			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted)
+			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted, latencies)
 		if err != nil {
 			return err
 		}
@@ -93,10 +99,13 @@ func finish(ctx context.Context, db DB, rs []result) ([]event.Attempt, error) {
 				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
 				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
 		}
+		if disabled, err = recordHealth(ctx, tx, rs, disableAfter); err != nil {
+			return err
+		}
 		return writeOutbox(ctx, tx, recs)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("finish attempts: %w", err)
+		return nil, nil, fmt.Errorf("finish attempts: %w", err)
 	}
-	return recs, nil
+	return recs, disabled, nil
 }

@@ -54,10 +54,13 @@ func (n *Notifier) finishBatch(batch []result) {
 	retry := backoff.New(100*time.Millisecond, 2*time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		recs, err := finish(ctx, n.db, batch)
+		recs, disabled, err := finish(ctx, n.db, batch, n.cfg.DisableAfter)
 		cancel()
 		if err == nil {
 			crashpoint.Hit(CrashAfterFinishCommit)
+			for client, why := range disabled {
+				n.log.Warn("webhook endpoint disabled: its deliveries wait until it is re-enabled", "client", client, "reason", why)
+			}
 			n.count(recs)
 			poke(n.wake)
 			n.relay.Wake()

@@ -65,6 +65,8 @@ type metrics struct {
 	lag      prometheus.Histogram
 	inflight prometheus.GaugeFunc
 	breaker  prometheus.Counter
+	resets   prometheus.Counter
+	clients  *clientMetrics
 }
 
 // New builds a notifier.
@@ -104,8 +106,12 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 			Help: "Webhook attempts in flight in this process."}, func() float64 { return float64(n.inflight.Load()) }),
 		breaker: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_breaker_opened_total",
 			Help: "Times a client's circuit breaker opened."}),
+		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_endpoint_resets_total",
+			Help: "Endpoint resets (an operator's redrive, resend or re-enable) received over NATS."}),
+		clients: newClientMetrics(cfg.MetricsMaxClients),
 	}
-	for _, c := range []prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency, n.m.lag, n.m.inflight, n.m.breaker} {
+	for _, c := range append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency, n.m.lag, n.m.inflight, n.m.breaker, n.m.resets},
+		n.m.clients.collectors()...) {
 		if err := d.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("notifier: register metrics: %w", err)
 		}
@@ -147,6 +153,9 @@ func (n *Notifier) Run(ctx context.Context) error {
 	defer stop()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
+	if err := n.listenResets(ctx); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	var ingestErr error
 	wg.Go(func() {
@@ -177,4 +186,5 @@ func (n *Notifier) count(recs []event.Attempt) {
 	for _, a := range recs {
 		n.m.outcomes.WithLabelValues(a.Outcome).Inc()
 	}
+	n.m.clients.count(recs)
 }

@@ -45,6 +45,10 @@ func outcomeOf(state string) string {
 	}
 }
 
+// testSensorID is the sensor_id of a test delivery (SendTest): no sensor has an empty id, so
+// test deliveries are ordered among themselves, apart from every sensor's.
+const testSensorID = ""
+
 // newerExists is true for a row d when a row of a higher revision exists for the same
 // (client, sensor), in any state: from then on d must never be sent.
 const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
@@ -58,8 +62,9 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	ids := make([]string, len(evs))
 	sensors := make([]string, len(evs))
 	revs := make([]int64, len(evs))
+	types := make([]string, len(evs))
 	for i, e := range evs {
-		ids[i], sensors[i], revs[i] = e.ID, e.SensorID, e.Revision
+		ids[i], sensors[i], revs[i], types[i] = e.ID, e.SensorID, e.Revision, "sensor."+e.Type
 	}
 	rows, err := tx.Query(ctx, `
 		INSERT INTO notifier_deliveries AS d (event_id, client_id, sensor_id, revision, payload, state)
@@ -67,10 +72,14 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 		       CASE WHEN EXISTS (SELECT 1 FROM notifier_deliveries o
 		            WHERE o.client_id = s.client_id AND o.sensor_id = e.sensor_id AND o.revision > e.revision)
 		            THEN 'superseded' ELSE 'pending' END
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[]) AS e(event_id, sensor_id, revision, payload)
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::text[]) AS e(event_id, sensor_id, revision, payload, type)
 		JOIN subscriptions s ON s.sensor_id = e.sensor_id
+		JOIN clients cl ON cl.id = s.client_id
+		-- The event types the client and the subscription chose (empty: all).
+		WHERE (cardinality(s.event_types) = 0 OR e.type = ANY(s.event_types))
+		  AND (cardinality(cl.event_types) = 0 OR e.type = ANY(cl.event_types))
 		ON CONFLICT (event_id, client_id, sensor_id) DO NOTHING
-		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`, ids, sensors, revs, payloads)
+		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`, ids, sensors, revs, payloads, types)
 	if err != nil {
 		return 0, nil, fmt.Errorf("insert deliveries: %w", err)
 	}

@@ -156,6 +156,18 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 		code, body := call("GET", "/v1/sensors/door1/readings", nil)
 		return code == 200 && strings.Contains(body, `"data"`)
 	})
+	// The webhook controls: the API queues a test event, and a re-enable's breaker reset
+	// goes over core NATS from the api user to the notifier user.
+	if code, body := call("POST", "/v1/clients/"+client.ID+":sendTestEvent", nil); code != 200 {
+		t.Fatalf("sendTestEvent: %d %s", code, body)
+	}
+	testenv.Eventually(t, 30*time.Second, "the sensor.test webhook", seen("sensor.test"))
+	if code, body := call("POST", "/v1/clients/"+client.ID+":enable", nil); code != 200 {
+		t.Fatalf("enable: %d %s", code, body)
+	}
+	testenv.Eventually(t, 10*time.Second, "the notifier got the breaker reset", func() bool {
+		return strings.Contains(logs["notifier"].String(), "endpoint reset by an operator")
+	})
 	for _, path := range []string{"/v1/projections", "/v1/set-aside", "/v1/clients/" + client.ID + "/deliveries"} {
 		if code, body := call("GET", path, nil); code != 200 {
 			t.Fatalf("GET %s: %d %s", path, code, body)

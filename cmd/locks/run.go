@@ -163,7 +163,8 @@ func buildPart(name string, d deps) (runner, error) {
 			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg})
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
-			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
+			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
+			DisableAfter: d.cfg.EndpointDisableAfter, MetricsMaxClients: d.cfg.MetricsMaxClients},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
 		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
@@ -200,7 +201,7 @@ func buildPart(name string, d deps) (runner, error) {
 		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
-				DeadLetters: notifier.NewDeadLetters(d.pg)})
+				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn())})
 		if err != nil {
 			return nil, err
 		}

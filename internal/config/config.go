@@ -64,6 +64,10 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ClickHouseCluster names the ClickHouse cluster the history tables span; empty: one node.
 	ClickHouseCluster string
+	// EndpointDisableAfter disables a webhook endpoint failing without a 2xx this long; 0 never.
+	EndpointDisableAfter time.Duration
+	// MetricsMaxClients bounds the client label of the notifier's per-client metrics.
+	MetricsMaxClients int
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -249,6 +253,22 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_WEBHOOK_TIMEOUT", "10s", "one webhook attempt's timeout", dur(func(c *Config) *time.Duration { return &c.WebhookTimeout })},
+		{"LOCKS_ENDPOINT_DISABLE_AFTER", "24h", "disable a webhook endpoint whose attempts all failed this long (0: never)", func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return errors.New("not a duration (use e.g. 24h, or 0 for never)")
+			}
+			c.EndpointDisableAfter = d
+			return nil
+		}},
+		{"LOCKS_METRICS_MAX_CLIENTS", "100", "clients with a label of their own in the per-client webhook metrics; the rest are client=\"other\"", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 100_000 {
+				return errors.New("must be an integer from 1 to 100000")
+			}
+			c.MetricsMaxClients = n
+			return nil
+		}},
 		{"LOCKS_WEBHOOK_ALLOW_PRIVATE", "false", "allow webhook URLs on loopback/private addresses", boolean(func(c *Config) *bool { return &c.WebhookAllowPrivate })},
 		{"LOCKS_PARTITIONS", "16", "partitions of the READINGS log (fixed once the stream exists)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)

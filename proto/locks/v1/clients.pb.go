@@ -49,9 +49,18 @@ type Client struct {
 	// Changes with every change of the client (a rotation included). Send it back on update
 	// (in the body, or as If-Match), delete (`?etag=`, or If-Match) or rotateSecret to make the
 	// change conditional: a stale etag fails with FAILED_PRECONDITION (412).
-	Etag          string `protobuf:"bytes,9,opt,name=etag,proto3" json:"etag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Etag string `protobuf:"bytes,9,opt,name=etag,proto3" json:"etag,omitempty"`
+	// The webhook types the client receives, of sensor.state_changed, sensor.connection_lost,
+	// sensor.connection_restored and sensor.test; empty means all. Another name is refused.
+	EventTypes []string `protobuf:"bytes,10,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
+	// When the endpoint was disabled (automatically, after failing without a 2xx for
+	// LOCKS_ENDPOINT_DISABLE_AFTER, or by an operator); absent while enabled. Its deliveries
+	// wait meanwhile. Output only: see WebhookControlService.
+	DisabledTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=disabled_time,json=disabledTime,proto3" json:"disabled_time,omitempty"`
+	// Why it was disabled. Output only.
+	DisabledReason string `protobuf:"bytes,12,opt,name=disabled_reason,json=disabledReason,proto3" json:"disabled_reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Client) Reset() {
@@ -143,6 +152,27 @@ func (x *Client) GetUpdateTime() *timestamppb.Timestamp {
 func (x *Client) GetEtag() string {
 	if x != nil {
 		return x.Etag
+	}
+	return ""
+}
+
+func (x *Client) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
+}
+
+func (x *Client) GetDisabledTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DisabledTime
+	}
+	return nil
+}
+
+func (x *Client) GetDisabledReason() string {
+	if x != nil {
+		return x.DisabledReason
 	}
 	return ""
 }
@@ -448,7 +478,7 @@ type UpdateClientRequest struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The new values; its etag, if set, must be current. Its id, if set, must equal id.
 	Client *Client `protobuf:"bytes,2,opt,name=client,proto3" json:"client,omitempty"`
-	// The fields to change: name, webhook_url. Unset means both; over REST it is made of
+	// The fields to change: name, webhook_url, event_types. Unset means all three; over REST it is made of
 	// the fields present in the body. Output-only fields in it are ignored.
 	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -749,7 +779,7 @@ var File_locks_v1_clients_proto protoreflect.FileDescriptor
 
 const file_locks_v1_clients_proto_rawDesc = "" +
 	"\n" +
-	"\x16locks/v1/clients.proto\x12\blocks.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x02\n" +
+	"\x16locks/v1/clients.proto\x12\blocks.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x04\n" +
 	"\x06Client\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -762,7 +792,12 @@ const file_locks_v1_clients_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12\x12\n" +
-	"\x04etag\x18\t \x01(\tR\x04etag\"?\n" +
+	"\x04etag\x18\t \x01(\tR\x04etag\x12\x1f\n" +
+	"\vevent_types\x18\n" +
+	" \x03(\tR\n" +
+	"eventTypes\x12?\n" +
+	"\rdisabled_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fdisabledTime\x12'\n" +
+	"\x0fdisabled_reason\x18\f \x01(\tR\x0edisabledReason\"?\n" +
 	"\x13CreateClientRequest\x12(\n" +
 	"\x06client\x18\x01 \x01(\v2\x10.locks.v1.ClientR\x06client\"@\n" +
 	"\x14CreateClientResponse\x12(\n" +
@@ -836,31 +871,32 @@ var file_locks_v1_clients_proto_depIdxs = []int32{
 	13, // 0: locks.v1.Client.previous_secret_until:type_name -> google.protobuf.Timestamp
 	13, // 1: locks.v1.Client.create_time:type_name -> google.protobuf.Timestamp
 	13, // 2: locks.v1.Client.update_time:type_name -> google.protobuf.Timestamp
-	0,  // 3: locks.v1.CreateClientRequest.client:type_name -> locks.v1.Client
-	0,  // 4: locks.v1.CreateClientResponse.client:type_name -> locks.v1.Client
-	0,  // 5: locks.v1.GetClientResponse.client:type_name -> locks.v1.Client
-	0,  // 6: locks.v1.ListClientsResponse.clients:type_name -> locks.v1.Client
-	0,  // 7: locks.v1.UpdateClientRequest.client:type_name -> locks.v1.Client
-	14, // 8: locks.v1.UpdateClientRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 9: locks.v1.UpdateClientResponse.client:type_name -> locks.v1.Client
-	0,  // 10: locks.v1.RotateClientSecretResponse.client:type_name -> locks.v1.Client
-	1,  // 11: locks.v1.ClientService.CreateClient:input_type -> locks.v1.CreateClientRequest
-	3,  // 12: locks.v1.ClientService.GetClient:input_type -> locks.v1.GetClientRequest
-	5,  // 13: locks.v1.ClientService.ListClients:input_type -> locks.v1.ListClientsRequest
-	7,  // 14: locks.v1.ClientService.UpdateClient:input_type -> locks.v1.UpdateClientRequest
-	9,  // 15: locks.v1.ClientService.DeleteClient:input_type -> locks.v1.DeleteClientRequest
-	11, // 16: locks.v1.ClientService.RotateClientSecret:input_type -> locks.v1.RotateClientSecretRequest
-	2,  // 17: locks.v1.ClientService.CreateClient:output_type -> locks.v1.CreateClientResponse
-	4,  // 18: locks.v1.ClientService.GetClient:output_type -> locks.v1.GetClientResponse
-	6,  // 19: locks.v1.ClientService.ListClients:output_type -> locks.v1.ListClientsResponse
-	8,  // 20: locks.v1.ClientService.UpdateClient:output_type -> locks.v1.UpdateClientResponse
-	10, // 21: locks.v1.ClientService.DeleteClient:output_type -> locks.v1.DeleteClientResponse
-	12, // 22: locks.v1.ClientService.RotateClientSecret:output_type -> locks.v1.RotateClientSecretResponse
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	13, // 3: locks.v1.Client.disabled_time:type_name -> google.protobuf.Timestamp
+	0,  // 4: locks.v1.CreateClientRequest.client:type_name -> locks.v1.Client
+	0,  // 5: locks.v1.CreateClientResponse.client:type_name -> locks.v1.Client
+	0,  // 6: locks.v1.GetClientResponse.client:type_name -> locks.v1.Client
+	0,  // 7: locks.v1.ListClientsResponse.clients:type_name -> locks.v1.Client
+	0,  // 8: locks.v1.UpdateClientRequest.client:type_name -> locks.v1.Client
+	14, // 9: locks.v1.UpdateClientRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0,  // 10: locks.v1.UpdateClientResponse.client:type_name -> locks.v1.Client
+	0,  // 11: locks.v1.RotateClientSecretResponse.client:type_name -> locks.v1.Client
+	1,  // 12: locks.v1.ClientService.CreateClient:input_type -> locks.v1.CreateClientRequest
+	3,  // 13: locks.v1.ClientService.GetClient:input_type -> locks.v1.GetClientRequest
+	5,  // 14: locks.v1.ClientService.ListClients:input_type -> locks.v1.ListClientsRequest
+	7,  // 15: locks.v1.ClientService.UpdateClient:input_type -> locks.v1.UpdateClientRequest
+	9,  // 16: locks.v1.ClientService.DeleteClient:input_type -> locks.v1.DeleteClientRequest
+	11, // 17: locks.v1.ClientService.RotateClientSecret:input_type -> locks.v1.RotateClientSecretRequest
+	2,  // 18: locks.v1.ClientService.CreateClient:output_type -> locks.v1.CreateClientResponse
+	4,  // 19: locks.v1.ClientService.GetClient:output_type -> locks.v1.GetClientResponse
+	6,  // 20: locks.v1.ClientService.ListClients:output_type -> locks.v1.ListClientsResponse
+	8,  // 21: locks.v1.ClientService.UpdateClient:output_type -> locks.v1.UpdateClientResponse
+	10, // 22: locks.v1.ClientService.DeleteClient:output_type -> locks.v1.DeleteClientResponse
+	12, // 23: locks.v1.ClientService.RotateClientSecret:output_type -> locks.v1.RotateClientSecretResponse
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_locks_v1_clients_proto_init() }

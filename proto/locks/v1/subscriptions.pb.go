@@ -33,7 +33,10 @@ type Subscription struct {
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// Identifies this subscription (a new one after unsubscribing and subscribing again);
 	// `?etag=` or If-Match on unsubscribe makes it conditional.
-	Etag          string `protobuf:"bytes,4,opt,name=etag,proto3" json:"etag,omitempty"`
+	Etag string `protobuf:"bytes,4,opt,name=etag,proto3" json:"etag,omitempty"`
+	// The webhook types of this sensor the client receives (within the client's own
+	// event_types); empty means all.
+	EventTypes    []string `protobuf:"bytes,5,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -96,13 +99,23 @@ func (x *Subscription) GetEtag() string {
 	return ""
 }
 
+func (x *Subscription) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
+}
+
 // CreateSubscriptionRequest subscribes a client to a sensor.
 type CreateSubscriptionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sensor's id.
 	SensorId string `protobuf:"bytes,1,opt,name=sensor_id,json=sensorId,proto3" json:"sensor_id,omitempty"`
 	// The client's id.
-	ClientId      string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	ClientId string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The webhook types of this sensor the client receives (empty: all). Subscribing again
+	// replaces them.
+	EventTypes    []string `protobuf:"bytes,3,rep,name=event_types,json=eventTypes,proto3" json:"event_types,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -149,6 +162,13 @@ func (x *CreateSubscriptionRequest) GetClientId() string {
 		return x.ClientId
 	}
 	return ""
+}
+
+func (x *CreateSubscriptionRequest) GetEventTypes() []string {
+	if x != nil {
+		return x.EventTypes
+	}
+	return nil
 }
 
 // CreateSubscriptionResponse holds the subscription (REST returns it itself).
@@ -540,16 +560,20 @@ var File_locks_v1_subscriptions_proto protoreflect.FileDescriptor
 
 const file_locks_v1_subscriptions_proto_rawDesc = "" +
 	"\n" +
-	"\x1clocks/v1/subscriptions.proto\x12\blocks.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16locks/v1/clients.proto\x1a\x16locks/v1/sensors.proto\"\x99\x01\n" +
+	"\x1clocks/v1/subscriptions.proto\x12\blocks.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16locks/v1/clients.proto\x1a\x16locks/v1/sensors.proto\"\xba\x01\n" +
 	"\fSubscription\x12\x1b\n" +
 	"\tsensor_id\x18\x01 \x01(\tR\bsensorId\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12;\n" +
 	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12\x12\n" +
-	"\x04etag\x18\x04 \x01(\tR\x04etag\"U\n" +
+	"\x04etag\x18\x04 \x01(\tR\x04etag\x12\x1f\n" +
+	"\vevent_types\x18\x05 \x03(\tR\n" +
+	"eventTypes\"v\n" +
 	"\x19CreateSubscriptionRequest\x12\x1b\n" +
 	"\tsensor_id\x18\x01 \x01(\tR\bsensorId\x12\x1b\n" +
-	"\tclient_id\x18\x02 \x01(\tR\bclientId\"X\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1f\n" +
+	"\vevent_types\x18\x03 \x03(\tR\n" +
+	"eventTypes\"X\n" +
 	"\x1aCreateSubscriptionResponse\x12:\n" +
 	"\fsubscription\x18\x01 \x01(\v2\x16.locks.v1.SubscriptionR\fsubscription\"i\n" +
 	"\x19DeleteSubscriptionRequest\x12\x1b\n" +

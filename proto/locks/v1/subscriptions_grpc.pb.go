@@ -32,7 +32,7 @@ const (
 // SubscriptionService says which clients get the webhooks of which sensors.
 type SubscriptionServiceClient interface {
 	// Subscribes a client to a sensor's events. Idempotent: subscribing again returns the
-	// existing subscription. NOT_FOUND (404) when the sensor or the client is not registered.
+	// existing subscription, with the event_types of the new call. NOT_FOUND (404) when the sensor or the client is not registered.
 	CreateSubscription(ctx context.Context, in *CreateSubscriptionRequest, opts ...grpc.CallOption) (*CreateSubscriptionResponse, error)
 	// Unsubscribes a client from a sensor: no further webhook attempts of the sensor's events go
 	// to it. NOT_FOUND (404) when the client is not subscribed.
@@ -98,7 +98,7 @@ func (c *subscriptionServiceClient) ListClientSensors(ctx context.Context, in *L
 // SubscriptionService says which clients get the webhooks of which sensors.
 type SubscriptionServiceServer interface {
 	// Subscribes a client to a sensor's events. Idempotent: subscribing again returns the
-	// existing subscription. NOT_FOUND (404) when the sensor or the client is not registered.
+	// existing subscription, with the event_types of the new call. NOT_FOUND (404) when the sensor or the client is not registered.
 	CreateSubscription(context.Context, *CreateSubscriptionRequest) (*CreateSubscriptionResponse, error)
 	// Unsubscribes a client from a sensor: no further webhook attempts of the sensor's events go
 	// to it. NOT_FOUND (404) when the client is not subscribed.
