@@ -75,8 +75,12 @@ func TestLoadgenBooksBalance(t *testing.T) {
 			if recorded != published-invalid || !bytes.Contains([]byte(text), []byte("the books balance")) || bytes.Contains([]byte(text), []byte("MISMATCH")) {
 				t.Fatalf("the books do not balance: published %d, recorded %d, invalid %d", published, recorded, invalid)
 			}
-			if m[5] == "" || n(7) != 0 || n(8) != 0 || n(6) != 15 {
-				t.Fatalf("notifications: received %s, lost %s, missing %s, duplicates %s; want 15 lost, none missing or duplicated", m[5], m[6], m[7], m[8])
+			// The 15 silent sensors are lost exactly once each, and no sensor while it was fed
+			// (loadgen's own verdict above). On a slow machine the settle outlasts
+			// LOCKS_LOST_AFTER after the load's end, and the whole fleet, silent now, is
+			// rightly declared lost too: at least 15.
+			if m[5] == "" || n(7) != 0 || n(8) != 0 || n(6) < 15 {
+				t.Fatalf("notifications: received %s, lost %s, missing %s, duplicates %s; want at least the 15 silent sensors lost, none missing or duplicated", m[5], m[6], m[7], m[8])
 			}
 		})
 	}
