@@ -120,6 +120,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			// often trades some memory for CPU, which the servers beside it need. GOGC wins.
 			debug.SetGCPercent(runGCPercent)
 		}
+		if soft := setMemoryLimit(getenv, cgroupMemoryFiles); soft > 0 {
+			log.Info("memory limit from the cgroup (GOMEMLIMIT unset)", "soft_limit_mib", soft>>20)
+		}
 		err = runParts(ctx, cfg, opts, log)
 	}
 	if err != nil {
