@@ -220,6 +220,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		"partitions", o.partitionsString())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	presence, log := newPresence(log, reg)
 	srv := ops.New(cfg.HTTPAddr, reg, log)
 	if cfg.Pprof {
 		srv.EnablePprof()
@@ -319,6 +320,13 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ln) })
+	side, err := presence.runners(js, names, ln.Addr().String(), log)
+	if err != nil {
+		return err
+	}
+	for _, run := range side {
+		g.Go(func() error { return run(gctx) })
+	}
 	for i, p := range parts {
 		g.Go(func() error {
 			if err := p.Run(gctx); err != nil && !errors.Is(err, context.Canceled) {
