@@ -35,6 +35,7 @@ import (
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
 	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 	"github.com/lock-sensors/lock-sensors/projector/state"
+	"github.com/lock-sensors/lock-sensors/ui"
 	"github.com/lock-sensors/lock-sensors/watchdog"
 )
 
@@ -207,6 +208,11 @@ func buildPart(name string, d deps) (runner, error) {
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
+		dash, err := ui.New(ui.Config{Tokens: d.cfg.APITokens}, ui.Deps{Logger: d.log, Registerer: d.reg, API: a.InProcess(), JS: d.js})
+		if err != nil {
+			return nil, err
+		}
+		d.ops.Handle("/ui/", dash.Handler())
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
 		return rb.Alongside(a), nil
