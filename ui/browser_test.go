@@ -150,8 +150,13 @@ func TestDashboardInBrowser(t *testing.T) {
 		shot(t, ctx, dir, "lost")
 		step(t, ctx, 10*time.Second, "a search matching nothing",
 			chromedp.SendKeys(chromedp.ID("lost-q"), " nowhere"),
-			chromedp.WaitNotPresent(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)),
-			chromedp.SetValue(chromedp.ID("lost-q"), ""))
+			chromedp.WaitNotPresent(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const q = document.getElementById("lost-q");
+			q.value = ""; q.dispatchEvent(new Event("input", {bubbles: true})); return true })()`)); err != nil {
+			t.Fatal(err)
+		}
+		step(t, ctx, 10*time.Second, "the whole list again after clearing the search",
+			chromedp.WaitVisible(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
 	})
 
 	t.Run("a dead letter resent from the page arrives", func(t *testing.T) {
