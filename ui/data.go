@@ -20,7 +20,7 @@ import (
 // endpoint's disabled_time, clientStats is the one function to switch to them.
 
 // maxScan bounds the pages a panel reads per refresh, so a huge fleet slows nothing down;
-// a figure reached at the bound is shown as "at least".
+// the lost list says when it reached the bound.
 const maxScan = 20
 
 type apiClient struct {
@@ -29,12 +29,13 @@ type apiClient struct {
 	history  locksv1.HistoryServiceClient
 	projs    locksv1.ProjectionServiceClient
 	setAside locksv1.SetAsideServiceClient
+	overview locksv1.OverviewServiceClient
 }
 
 func newAPIClient(cc grpc.ClientConnInterface) *apiClient {
 	return &apiClient{clients: locksv1.NewClientServiceClient(cc), sensors: locksv1.NewSensorServiceClient(cc),
 		history: locksv1.NewHistoryServiceClient(cc), projs: locksv1.NewProjectionServiceClient(cc),
-		setAside: locksv1.NewSetAsideServiceClient(cc)}
+		setAside: locksv1.NewSetAsideServiceClient(cc), overview: locksv1.NewOverviewServiceClient(cc)}
 }
 
 // as is ctx carrying the session's token, as a REST or gRPC client would send it.
@@ -42,42 +43,8 @@ func as(ctx context.Context, ses session) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+ses.token)
 }
 
-type sensorCounts struct {
-	Online, Lost, Open, Closed, Total int
-	Capped                            bool
-}
-
-func (a *apiClient) sensorCounts(ctx context.Context) (sensorCounts, error) {
-	var c sensorCounts
-	tok := ""
-	for range maxScan {
-		res, err := a.sensors.ListSensors(ctx, &locksv1.ListSensorsRequest{PageSize: 1000, PageToken: tok})
-		if err != nil {
-			return c, err
-		}
-		for _, s := range res.GetSensors() {
-			c.Total++
-			st := s.GetState()
-			if st == nil {
-				continue // registered, never heard from
-			}
-			if st.GetConnection() == locksv1.Connection_CONNECTION_LOST {
-				c.Lost++
-			} else {
-				c.Online++
-			}
-			if st.GetData() == 1 {
-				c.Closed++
-			} else {
-				c.Open++
-			}
-		}
-		if tok = res.GetNextPageToken(); tok == "" {
-			return c, nil
-		}
-	}
-	c.Capped = true
-	return c, nil
+func (a *apiClient) sensorCounts(ctx context.Context) (*locksv1.GetSensorCountsResponse, error) {
+	return a.overview.GetSensorCounts(ctx, &locksv1.GetSensorCountsRequest{})
 }
 
 type lostSensor struct {
