@@ -9,13 +9,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -182,28 +182,27 @@ func List(ctx context.Context, js jetstream.JetStream) ([]Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", natsx.ProcessesBucket, err)
 	}
-	keys, err := kv.Keys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, nil
-	}
+	// One watcher gives every current value, then nil: no request per key.
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", natsx.ProcessesBucket, err)
 	}
-	slices.Sort(keys)
-	out := make([]Info, 0, len(keys))
-	for _, k := range keys {
-		e, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // deleted meanwhile: a clean stop
+	defer func() { _ = w.Stop() }()
+	var out []Info
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("bucket %s: %w", natsx.ProcessesBucket, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok || e == nil {
+				slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.ID, b.ID) })
+				return out, nil
+			}
+			var i Info
+			if json.Unmarshal(e.Value(), &i) != nil {
+				continue // not ours: anyone with access may write the bucket
+			}
+			out = append(out, i)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("bucket %s key %s: %w", natsx.ProcessesBucket, k, err)
-		}
-		var i Info
-		if err := json.Unmarshal(e.Value(), &i); err != nil {
-			continue // not ours: anyone with access may write the bucket
-		}
-		out = append(out, i)
 	}
-	return out, nil
 }
