@@ -150,7 +150,7 @@ func (u *UI) get(h handler) http.HandlerFunc {
 				http.Error(w, "sign in again", http.StatusUnauthorized)
 				return
 			}
-			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
+			http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 			return
 		}
 		h(w, r, ses)
