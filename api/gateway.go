@@ -50,6 +50,7 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		locksv1.RegisterProjectionServiceHandler,
 		locksv1.RegisterSetAsideServiceHandler,
 		locksv1.RegisterWebhookControlServiceHandler,
+		locksv1.RegisterOverviewServiceHandler,
 	} {
 		if err := reg(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("api: register gateway handler: %w", err)

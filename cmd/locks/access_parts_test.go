@@ -173,6 +173,15 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 			t.Fatalf("GET %s: %d %s", path, code, body)
 		}
 	}
+	// The dashboard (api user) reads the registry, where every part's process (its own user)
+	// keeps its key, and LOGS.
+	dash := dashboardClient(t, "http://"+apiAddr, token)
+	testenv.Eventually(t, 20*time.Second, "the six processes in the dashboard's registry panel", func() bool {
+		return strings.Count(dash("/ui/panel/processes"), "data-process=") == 6
+	})
+	if b := dash("/ui/panel/logs"); strings.Contains(b, `class="error"`) {
+		t.Errorf("the dashboard cannot read LOGS:\n%s", b)
+	}
 	for part, log := range logs {
 		if s := strings.ToLower(log.String()); strings.Contains(s, "permissions violation") || strings.Contains(s, "authorization violation") {
 			t.Errorf("%s was refused something by NATS:\n%s", part, log)

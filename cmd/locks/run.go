@@ -35,6 +35,7 @@ import (
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
 	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 	"github.com/lock-sensors/lock-sensors/projector/state"
+	"github.com/lock-sensors/lock-sensors/ui"
 	"github.com/lock-sensors/lock-sensors/watchdog"
 )
 
@@ -208,6 +209,11 @@ func buildPart(name string, d deps) (runner, error) {
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
+		dash, err := ui.New(ui.Config{Tokens: d.cfg.APITokens}, ui.Deps{Logger: d.log, Registerer: d.reg, API: a.InProcess(), JS: d.js})
+		if err != nil {
+			return nil, err
+		}
+		d.ops.Handle("/ui/", dash.Handler())
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
 		return rb.Alongside(a), nil
@@ -221,6 +227,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		"partitions", o.partitionsString())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	presence, log := newPresence(log, reg)
 	srv := ops.New(cfg.HTTPAddr, reg, log)
 	if cfg.Pprof {
 		srv.EnablePprof()
@@ -329,6 +336,13 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ln) })
+	side, err := presence.runners(js, names, ln.Addr().String(), log)
+	if err != nil {
+		return err
+	}
+	for _, run := range side {
+		g.Go(func() error { return run(gctx) })
+	}
 	for i, p := range parts {
 		g.Go(func() error {
 			if err := p.Run(gctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -24,7 +24,8 @@ cannot() {
 [ "$(id -u)" = 0 ] || cannot "this is not root (apt-get and service need it)."
 
 missing=()
-for pkg in postgresql rabbitmq-server clickhouse-server clickhouse-client; do
+# chromium: the dashboard's browser tests (ui/) drive it headless.
+for pkg in postgresql rabbitmq-server clickhouse-server clickhouse-client chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

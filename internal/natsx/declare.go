@@ -123,8 +123,8 @@ func bridgeSessionsConfig(c StreamsConfig) jetstream.KeyValueConfig {
 	}
 }
 
-// Declare creates READINGS, EVENTS, DELIVERIES, SET_ASIDE and the liveness, bridge_sessions
-// and lease buckets that are missing. One that exists keeps what an operator set (replicas, limits,
+// Declare creates READINGS, EVENTS, DELIVERIES, SET_ASIDE, LOGS and the liveness, bridge_sessions,
+// processes and lease buckets that are missing. One that exists keeps what an operator set (replicas, limits,
 // placement, a longer duplicate window) and only gains what this system needs (see reconcile).
 func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
 	if c.Partitions < 1 {
@@ -139,7 +139,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = LeaseTTLDefault
 	}
-	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
+	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c), logsConfig(c)} {
 		err := declareStream(ctx, js, want, func(ctx context.Context) error {
 			_, err := js.CreateStream(ctx, want)
 			return err
@@ -148,7 +148,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 			return err
 		}
 	}
-	kvs := []jetstream.KeyValueConfig{livenessConfig(c), bridgeSessionsConfig(c)}
+	kvs := []jetstream.KeyValueConfig{livenessConfig(c), bridgeSessionsConfig(c), processesConfig(c)}
 	for _, part := range LeaseParts {
 		kvs = append(kvs, LeasesConfig(c, part))
 	}

@@ -15,8 +15,8 @@ var ErrNotDeclared = errors.New("not declared")
 // user in deploy/nats/accounts.conf): it only looks the streams and buckets up, and refuses a
 // READINGS stream partitioned otherwise than c says, as Declare does.
 func CheckDeclared(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
-	names := []string{ReadingsStream, EventsStream, DeliveriesStream, SetAsideStream,
-		"KV_" + LivenessBucket, "KV_" + BridgeSessionsBucket}
+	names := []string{ReadingsStream, EventsStream, DeliveriesStream, SetAsideStream, LogsStream,
+		"KV_" + LivenessBucket, "KV_" + BridgeSessionsBucket, "KV_" + ProcessesBucket}
 	for _, part := range LeaseParts {
 		names = append(names, "KV_"+LeasesBucket(part))
 	}

@@ -1,0 +1,238 @@
+package ui_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+// browser is one headless Chromium for the whole test, each step in its tab; it shares the
+// cookies of the sign-in, as an operator's browser would.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("the dashboard's browser tests need Debian's chromium: run deploy/local/services.sh (or apt-get install chromium): %v", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.Headless,
+		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
+	alloc, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancel2 := chromedp.NewContext(alloc)
+	t.Cleanup(cancel2)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// artifacts is where screenshots go: $LOCKS_TEST_ARTIFACTS, or a directory under the
+// system's temp dir that outlives the test.
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("LOCKS_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "locks-test-artifacts")
+	}
+	dir = filepath.Join(dir, "ui-"+time.Now().UTC().Format("20060102T150405"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshots in %s", dir)
+	return dir
+}
+
+func shot(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Errorf("screenshot %s: %v", name, err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Error(err)
+	}
+}
+
+func location(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	loc, err := chromedp.Run(ctx, chromedp.Location())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
+// step runs actions in the browser within d, failing t with what it waited for.
+func step(t *testing.T, ctx context.Context, d time.Duration, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := chromedp.Do(c, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// The dashboard against a whole running system, in headless Chromium: sign-in, the lost
+// list, a dead letter resent from the page, a rebuild started from the page; and the access
+// rules (no session: sign-in page; a POST without the CSRF token: refused).
+func TestDashboardInBrowser(t *testing.T) {
+	sys := startSystem(t)
+	dir := artifacts(t)
+	ctx := browser(t)
+
+	t.Run("without a session the page redirects to sign-in", func(t *testing.T) {
+		c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		for _, p := range []string{"/ui/", "/ui/panel/overview"} {
+			res, err := c.Get(sys.base + p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/ui/login") {
+				t.Errorf("GET %s without a session: %s, Location %q; want 303 to /ui/login", p, res.Status, res.Header.Get("Location"))
+			}
+		}
+	})
+
+	t.Run("sign in", func(t *testing.T) {
+		var loc string
+		step(t, ctx, 30*time.Second, "the sign-in page",
+			chromedp.Navigate(sys.base+"/ui/"), chromedp.WaitVisible(chromedp.ID("token")))
+		loc = location(t, ctx)
+		if !strings.Contains(loc, "/ui/login") {
+			t.Fatalf("without a session the browser is at %s, not the sign-in page", loc)
+		}
+		step(t, ctx, 10*time.Second, "a wrong token refused",
+			chromedp.SendKeys(chromedp.ID("token"), "not-a-token-at-all-0000"), chromedp.Click(chromedp.ID("signin")),
+			chromedp.WaitVisible(chromedp.ID("login-error")))
+		step(t, ctx, 30*time.Second, "the dashboard after signing in",
+			chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("signin")),
+			chromedp.WaitVisible(chromedp.ID("count-online")))
+		loc = location(t, ctx)
+		if !strings.HasSuffix(loc, "/ui/") {
+			t.Fatalf("after sign-in the browser is at %s", loc)
+		}
+		shot(t, ctx, dir, "signed-in")
+	})
+
+	t.Run("a silent sensor appears in the lost list", func(t *testing.T) {
+		sys.call(t, "POST", "/v1/sensors", map[string]any{"id": "UiLost1", "address": "Hall 1, east door"})
+		sys.reading(t, "UiLost1", 1)
+		var lastReading time.Time
+		testenv.Eventually(t, 30*time.Second, "the reading in the state", func() bool {
+			st := sys.callMaybe(t, "GET", "/v1/sensors/UiLost1/state")
+			if st == nil {
+				return false
+			}
+			lastReading, _ = time.Parse(time.RFC3339Nano, st["last_seen_time"].(string))
+			return true
+		})
+		// Within lost_after + 5 s of the last reading, the sensor is in the list the page shows.
+		deadline := lastReading.Add(lostAfter + 5*time.Second)
+		step(t, ctx, time.Until(deadline), "UiLost1 in the lost list within lost_after + 5 s",
+			chromedp.WaitVisible(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
+		step(t, ctx, 10*time.Second, "searching the lost list",
+			chromedp.SendKeys(chromedp.ID("lost-q"), "east door"),
+			chromedp.WaitVisible(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
+		shot(t, ctx, dir, "lost")
+		step(t, ctx, 10*time.Second, "a search matching nothing",
+			chromedp.SendKeys(chromedp.ID("lost-q"), " nowhere"),
+			chromedp.WaitNotPresent(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const q = document.getElementById("lost-q");
+			q.value = ""; q.dispatchEvent(new Event("input", {bubbles: true})); return true })()`)); err != nil {
+			t.Fatal(err)
+		}
+		step(t, ctx, 10*time.Second, "the whole list again after clearing the search",
+			chromedp.WaitVisible(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
+	})
+
+	t.Run("a dead letter resent from the page arrives", func(t *testing.T) {
+		rcv := newReceiver(t)
+		cl := sys.call(t, "POST", "/v1/clients", map[string]any{"name": "Front desk", "webhook_url": rcv.url})
+		clientID := cl["id"].(string)
+		sys.call(t, "POST", "/v1/sensors", map[string]any{"id": "UiDead1", "address": "Store room"})
+		sys.call(t, "PUT", "/v1/sensors/UiDead1/clients/"+clientID, nil)
+		sys.reading(t, "UiDead1", 0)
+		// The same reading again and again keeps the sensor online without new events, so the
+		// receiver sees only the state change's two attempts: not enough to open the client's
+		// circuit breaker, whose cooldown would delay the resend by half a minute.
+		keepAlive(t, sys, "UiDead1", 0)
+		var evt string
+		testenv.Eventually(t, 30*time.Second, "a failed attempt at the receiver", func() bool {
+			evt = rcv.firstFailed()
+			return evt != ""
+		})
+		row := `#dead tr[data-event="` + evt + `"]`
+		step(t, ctx, 30*time.Second, "the dead letter on the page", chromedp.WaitVisible(chromedp.CSS(row)))
+		step(t, ctx, 10*time.Second, "the failing client in the clients panel",
+			chromedp.WaitVisible(chromedp.CSS(`#clients tr[data-client="`+clientID+`"] td.bad`)))
+		shot(t, ctx, dir, "dead-letter")
+		rcv.setFailing(false)
+		step(t, ctx, 10*time.Second, "resend clicked",
+			chromedp.Click(chromedp.CSS(row+` button.resend`)),
+			chromedp.WaitVisible(chromedp.CSS(`#dead-result .ok`)))
+		testenv.Eventually(t, 30*time.Second, "the resent delivery at the receiver", func() bool { return rcv.got(evt) })
+		step(t, ctx, 30*time.Second, "the dead letter gone from the page", chromedp.WaitNotPresent(chromedp.CSS(row)))
+	})
+
+	t.Run("a rebuild started from the page shows progress and ends", func(t *testing.T) {
+		row := `#rebuilds tr.rebuild[data-projection="state"]`
+		step(t, ctx, 10*time.Second, "rebuild clicked",
+			chromedp.Click(chromedp.ID("rebuild-state")),
+			chromedp.WaitVisible(chromedp.CSS(`#rebuild-result .ok`)),
+			chromedp.WaitVisible(chromedp.CSS(row)))
+		step(t, ctx, 60*time.Second, "the rebuild done", chromedp.WaitVisible(chromedp.CSS(row+`[data-phase="DONE"]`)))
+		progress, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` .progress`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`^(\d+)/(\d+) 100%$`).FindStringSubmatch(strings.TrimSpace(progress))
+		if m == nil || m[1] != m[2] || m[1] == "0" {
+			t.Errorf("progress of the finished rebuild = %q, want n/n 100%% with n > 0", progress)
+		}
+		shot(t, ctx, dir, "dashboard")
+	})
+
+	t.Run("a POST without the CSRF token is refused", func(t *testing.T) {
+		jar, _ := cookiejar.New(nil)
+		c := &http.Client{Jar: jar}
+		res, err := c.PostForm(sys.base+"/ui/login", url.Values{"token": {token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || res.Request.URL.Path != "/ui/" {
+			t.Fatalf("sign-in: %s at %s", res.Status, res.Request.URL)
+		}
+		for _, v := range []url.Values{{"name": {"history"}}, {"name": {"history"}, "csrf": {"forged"}}} {
+			res, err = c.PostForm(sys.base+"/ui/rebuild", v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusForbidden {
+				t.Errorf("POST /ui/rebuild with %v: %s, want 403", v, res.Status)
+			}
+		}
+		// Nothing was started: the history projection shows no rebuild.
+		p := sys.call(t, "GET", "/v1/projections", nil)
+		for _, pr := range p["projections"].([]any) {
+			if m := pr.(map[string]any); m["name"] == "history" && m["rebuild"] != nil {
+				t.Errorf("a refused POST started a rebuild: %v", m["rebuild"])
+			}
+		}
+	})
+}
