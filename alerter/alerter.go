@@ -128,4 +128,5 @@ func (a *Alerter) Evaluate(ctx context.Context) {
 			a.log.Warn("alert evaluation failed; its alerts stay as they are", "kind", d.kind, "err", err)
 		}
 	}
+	a.m.evaluations.Inc()
 }

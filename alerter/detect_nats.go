@@ -90,6 +90,8 @@ func (a *Alerter) partStopped(ctx context.Context) (map[string]condition, error)
 	if err != nil {
 		return nil, fmt.Errorf("process registry keys: %w", err)
 	}
+	// Stop matters only when the loop ends early; after the last key it has stopped itself.
+	defer func() { _ = lister.Stop() }()
 	var procs []process
 	for k := range lister.Keys() {
 		e, err := kv.Get(ctx, k)
@@ -108,9 +110,6 @@ func (a *Alerter) partStopped(ctx context.Context) (map[string]condition, error)
 			p.ID = k
 		}
 		procs = append(procs, p)
-	}
-	if err := lister.Stop(); err != nil {
-		return nil, fmt.Errorf("process registry keys: %w", err)
 	}
 	now := time.Now()
 	fresh := func(p process) bool { return now.Sub(p.UpdatedAt) < a.cfg.ProcessStale }

@@ -11,6 +11,7 @@ type metrics struct {
 	firing      *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 	evalErrors  *prometheus.CounterVec
+	evaluations prometheus.Counter
 	sent        *prometheus.CounterVec
 	failures    *prometheus.CounterVec
 	waiting     *prometheus.GaugeVec
@@ -26,6 +27,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Alerts fired and resolved, by kind and event."}, []string{"kind", "event"}),
 		evalErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_alert_evaluation_errors_total",
 			Help: "Evaluations of an alert kind that failed (its alerts stayed as they were)."}, []string{"kind"}),
+		evaluations: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_alert_evaluations_total",
+			Help: "Evaluations of every alert condition by this process."}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_alert_notices_sent_total",
 			Help: "Alert notices accepted by their channel (the SMTP server or the operator webhook)."}, []string{"channel"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_alert_notice_failures_total",
@@ -33,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_alert_notices_waiting",
 			Help: "Alert notices not sent yet (failing, or held back by LOCKS_ALERT_MAX_PER_MINUTE), by channel."}, []string{"channel"}),
 	}
-	for _, c := range []prometheus.Collector{m.active, m.firing, m.transitions, m.evalErrors, m.sent, m.failures, m.waiting} {
+	for _, c := range []prometheus.Collector{m.active, m.firing, m.transitions, m.evalErrors, m.evaluations, m.sent, m.failures, m.waiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("alerter metrics: %w", err)
 		}
