@@ -49,6 +49,7 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		locksv1.RegisterHistoryServiceHandler,
 		locksv1.RegisterProjectionServiceHandler,
 		locksv1.RegisterSetAsideServiceHandler,
+		locksv1.RegisterAlertServiceHandler,
 	} {
 		if err := reg(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("api: register gateway handler: %w", err)

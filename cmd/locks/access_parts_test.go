@@ -48,7 +48,7 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 
 	logs := map[string]*syncBuffer{}
 	var apiAddr string
-	for _, part := range []string{"api", "state", "history", "notifier", "watchdog", "bridge"} {
+	for _, part := range []string{"api", "state", "history", "notifier", "watchdog", "bridge", "alerter"} {
 		httpAddr := testenv.FreeAddr(t)
 		if part == "api" {
 			apiAddr = httpAddr
@@ -60,7 +60,7 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 			"LOCKS_AMQP_URL=" + rabbit.URL, "LOCKS_AMQP_QUEUE=" + rabbit.Queue,
 			"LOCKS_HTTP_ADDR=" + httpAddr, "LOCKS_GRPC_ADDR=" + testenv.FreeAddr(t),
 			"LOCKS_API_TOKENS=" + token, "LOCKS_PARTITIONS=2", "LOCKS_LOST_AFTER=3s",
-			"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms",
+			"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms", "LOCKS_ALERT_INTERVAL=1s",
 		}, "run", "--targets="+part)
 		log := &syncBuffer{}
 		cmd.Stderr, logs[part] = log, log
