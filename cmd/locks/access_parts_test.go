@@ -161,6 +161,16 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 			t.Fatalf("GET %s: %d %s", path, code, body)
 		}
 	}
+	// The alerter took its lock and evaluates every kind under its own user.
+	testenv.Eventually(t, 30*time.Second, "the alerter active", func() bool {
+		return strings.Contains(logs["alerter"].String(), "alerter active")
+	})
+	if code, body := call("GET", "/v1/alerts", nil); code != 200 {
+		t.Fatalf("GET /v1/alerts: %d %s", code, body)
+	}
+	if s := logs["alerter"].String(); strings.Contains(s, "alert evaluation failed") {
+		t.Errorf("an alert evaluation failed:\n%s", s)
+	}
 	for part, log := range logs {
 		if s := strings.ToLower(log.String()); strings.Contains(s, "permissions violation") || strings.Contains(s, "authorization violation") {
 			t.Errorf("%s was refused something by NATS:\n%s", part, log)
