@@ -77,3 +77,29 @@ func TestRefusedNoticeIsRetriedInOrder(t *testing.T) {
 		t.Errorf("firing webhook notice: %d attempts (%v), want 3", attempts, err)
 	}
 }
+
+// TestOneActiveAlerter runs two alerters on one database: one holds the lock and sends, the
+// other waits; when the first stops, the second takes over, and no notice goes twice.
+func TestOneActiveAlerter(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config()
+	a1, reg1 := e.alerter(cfg, Deps{})
+	a2, reg2 := e.alerter(cfg, Deps{})
+	stop1 := testenv.RunPart(t, "alerter 1", a1.Run, 15*time.Second)
+	testenv.Eventually(t, 20*time.Second, "alerter 1 active", func() bool { return metric(t, reg1, "locks_alerter_active", nil) == 1 })
+	testenv.RunPart(t, "alerter 2", a2.Run, 15*time.Second)
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
+	testenv.Eventually(t, 20*time.Second, "the firing notices", func() bool { return len(e.smtp.got()) == 1 && len(e.hook.got()) == 1 })
+	if metric(t, reg2, "locks_alerter_active", nil) != 0 || metric(t, reg2, "locks_alert_evaluations_total", nil) != 0 {
+		t.Fatal("alerter 2 evaluated while alerter 1 held the lock")
+	}
+	stop1()
+	testenv.Eventually(t, 20*time.Second, "alerter 2 active", func() bool { return metric(t, reg2, "locks_alerter_active", nil) == 1 })
+	e.exec(`UPDATE clients SET disabled_at = NULL`)
+	testenv.Eventually(t, 20*time.Second, "the resolved notices", func() bool { return len(e.smtp.got()) == 2 && len(e.hook.got()) == 2 })
+	e.moreEvaluations(reg2, 3)
+	if len(e.smtp.got()) != 2 || len(e.hook.got()) != 2 {
+		t.Errorf("e-mails %+v, webhooks %+v; want firing and resolved once each", e.smtp.got(), e.hook.got())
+	}
+}
