@@ -126,7 +126,10 @@ func (e *env) config() Config {
 func (e *env) alerter(cfg Config, d Deps) (*Alerter, *prometheus.Registry) {
 	e.t.Helper()
 	reg := prometheus.NewRegistry()
-	d.Logger, d.Registerer, d.JS, d.PG = testenv.Logger(e.t), reg, e.nats.JS, e.pg
+	if d.Logger == nil {
+		d.Logger = testenv.Logger(e.t)
+	}
+	d.Registerer, d.JS, d.PG = reg, e.nats.JS, e.pg
 	a, err := New(cfg, d)
 	if err != nil {
 		e.t.Fatal(err)

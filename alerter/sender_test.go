@@ -1,10 +1,16 @@
 package alerter
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
@@ -102,4 +108,50 @@ func TestOneActiveAlerter(t *testing.T) {
 	if len(e.smtp.got()) != 2 || len(e.hook.got()) != 2 {
 		t.Errorf("e-mails %+v, webhooks %+v; want firing and resolved once each", e.smtp.got(), e.hook.got())
 	}
+}
+
+// TestFailuresDoNotShowSecrets: a refused SMTP login and an unreachable webhook whose URL
+// carries a token are recorded and logged without the password or the token.
+func TestFailuresDoNotShowSecrets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.SMTPURL = "smtp://" + smtpUser + ":wrong-pass-0xdead@" + e.smtp.addr
+	cfg.WebhookURL = "http://" + testenv.FreeAddr(t) + "/hook?token=tok-0xbeef"
+	logs := &lockedBuffer{}
+	a, _ := e.alerter(cfg, Deps{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	testenv.RunPart(t, "alerter", a.Run, 15*time.Second)
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
+	var errs []string
+	testenv.Eventually(t, 20*time.Second, "both notices failing", func() bool {
+		rows, err := e.pg.Query(t.Context(), `SELECT last_error FROM alert_notices WHERE last_error IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err == nil && len(errs) == 2
+	})
+	for _, s := range append(errs, logs.String()) {
+		if strings.Contains(s, "wrong-pass-0xdead") || strings.Contains(s, "tok-0xbeef") {
+			t.Errorf("a secret is shown: %s", s)
+		}
+	}
+}
+
+// lockedBuffer is a log sink the test reads while the alerter writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
