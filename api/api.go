@@ -146,6 +146,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterSetAsideServiceServer(s.grpc, &setAsideService{s: s})
 	locksv1.RegisterWebhookControlServiceServer(s.grpc, &controlService{s: s})
 	locksv1.RegisterOverviewServiceServer(s.grpc, &overviewService{s: s})
+	locksv1.RegisterAlertServiceServer(s.grpc, &alertService{s: s})
 	// Server reflection lets grpcurl and the like discover the services (with a token: the
 	// stream interceptor guards it like every call).
 	reflection.Register(s.grpc)

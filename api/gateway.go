@@ -51,6 +51,7 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		locksv1.RegisterSetAsideServiceHandler,
 		locksv1.RegisterWebhookControlServiceHandler,
 		locksv1.RegisterOverviewServiceHandler,
+		locksv1.RegisterAlertServiceHandler,
 	} {
 		if err := reg(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("api: register gateway handler: %w", err)

@@ -51,7 +51,7 @@ func (w *Watchdog) appliedUpTo(ctx context.Context) (map[int]uint64, error) {
 // Only sensors whose last applied READINGS sequence this process has itself applied are
 // compared, so that the watchdog lagging behind the projector (or the other way round) is
 // not taken for a difference, and the sweep needs no quiet moment to run.
-func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
+func (w *Watchdog) Sweep(ctx context.Context) (repairs int, err error) {
 	owned := w.owned()
 	if len(owned) == 0 {
 		return 0, nil
@@ -60,6 +60,17 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Each partition's result is recorded even when nothing differed, so that a clean sweep
+	// resolves the alerter's reconciliation_drift (see recordSweep).
+	perPart := make(map[int]int, len(owned))
+	for _, p := range owned {
+		perPart[p] = 0
+	}
+	defer func() {
+		if err == nil {
+			err = w.recordSweep(ctx, perPart)
+		}
+	}()
 	keys, err := w.snapshotKeys(ctx, owned)
 	if err != nil {
 		return 0, err
@@ -70,6 +81,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("read sensor_state: %w", err)
 	}
 	type suspect struct {
+		part     int
 		sensor   string
 		lastSeen time.Time
 		lastSeq  uint64
@@ -84,6 +96,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("read sensor_state: %w", err)
 		}
 		s.lastSeq = uint64(seq)
+		s.part = p
 		if a, ok := applied[p]; !ok || s.lastSeq > a {
 			continue // we have not got that far in this partition yet
 		}
@@ -106,7 +119,6 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("liveness bucket: %w", err)
 	}
-	repairs := 0
 	for _, s := range suspects {
 		// Look again: a reading may have refreshed it since the snapshot.
 		var rev uint64
@@ -126,6 +138,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (int, error) {
 			return repairs, fmt.Errorf("liveness key %s: %w", s.sensor, err)
 		}
 		repairs++
+		perPart[s.part]++
 		w.m.repairs.Inc()
 		left := w.lostAfter(s.sensor) - time.Since(s.lastSeen)
 		w.log.Warn("reconciliation: liveness key differed from sensor_state; repaired",

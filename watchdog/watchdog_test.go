@@ -324,8 +324,23 @@ func TestSweep(t *testing.T) {
 	if got := counter(t, reg, "locks_watchdog_reconcile_repairs_total"); got != 1 {
 		t.Errorf("repairs metric %v, want 1", got)
 	}
+	// Each sweep's result per partition is kept for the alerter (reconciliation_drift).
+	recorded := func() int {
+		t.Helper()
+		var r int
+		if err := e.pg.QueryRow(ctx, `SELECT repairs FROM watchdog_sweeps WHERE partition = 0`).Scan(&r); err != nil {
+			t.Fatalf("watchdog_sweeps of partition 0: %v", err)
+		}
+		return r
+	}
+	if r := recorded(); r != 1 {
+		t.Errorf("recorded repairs of partition 0 after the repairing sweep: %d, want 1", r)
+	}
 	if n, err := w.Sweep(ctx); err != nil || n != 0 {
 		t.Errorf("second sweep: %d repairs, %v; want 0", n, err)
+	}
+	if r := recorded(); r != 0 {
+		t.Errorf("recorded repairs of partition 0 after a clean sweep: %d, want 0", r)
 	}
 }
 

@@ -48,7 +48,7 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 
 	logs := map[string]*syncBuffer{}
 	var apiAddr string
-	for _, part := range []string{"api", "state", "history", "notifier", "watchdog", "bridge"} {
+	for _, part := range []string{"api", "state", "history", "notifier", "watchdog", "bridge", "alerter"} {
 		httpAddr := testenv.FreeAddr(t)
 		if part == "api" {
 			apiAddr = httpAddr
@@ -60,7 +60,7 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 			"LOCKS_AMQP_URL=" + rabbit.URL, "LOCKS_AMQP_QUEUE=" + rabbit.Queue,
 			"LOCKS_HTTP_ADDR=" + httpAddr, "LOCKS_GRPC_ADDR=" + testenv.FreeAddr(t),
 			"LOCKS_API_TOKENS=" + token, "LOCKS_PARTITIONS=2", "LOCKS_LOST_AFTER=3s",
-			"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms",
+			"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms", "LOCKS_ALERT_INTERVAL=1s",
 		}, "run", "--targets="+part)
 		log := &syncBuffer{}
 		cmd.Stderr, logs[part] = log, log
@@ -181,6 +181,16 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 	})
 	if b := dash("/ui/panel/logs"); strings.Contains(b, `class="error"`) {
 		t.Errorf("the dashboard cannot read LOGS:\n%s", b)
+	}
+	// The alerter took its lock and evaluates every kind under its own user.
+	testenv.Eventually(t, 30*time.Second, "the alerter active", func() bool {
+		return strings.Contains(logs["alerter"].String(), "alerter active")
+	})
+	if code, body := call("GET", "/v1/alerts", nil); code != 200 {
+		t.Fatalf("GET /v1/alerts: %d %s", code, body)
+	}
+	if s := logs["alerter"].String(); strings.Contains(s, "alert evaluation failed") {
+		t.Errorf("an alert evaluation failed:\n%s", s)
 	}
 	for part, log := range logs {
 		if s := strings.ToLower(log.String()); strings.Contains(s, "permissions violation") || strings.Contains(s, "authorization violation") {

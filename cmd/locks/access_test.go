@@ -20,7 +20,7 @@ import (
 )
 
 // natsUsers are the users of deploy/nats/accounts.conf.
-var natsUsers = []string{"admin", "bridge", "state", "history", "notifier", "watchdog", "api"}
+var natsUsers = []string{"admin", "bridge", "state", "history", "notifier", "watchdog", "api", "alerter"}
 
 // accessServer is a NATS server loaded with deploy/nats/accounts.conf, as a cluster's node
 // includes it, with a password per user.

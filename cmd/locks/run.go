@@ -22,6 +22,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/alerter"
 	"github.com/lock-sensors/lock-sensors/api"
 	"github.com/lock-sensors/lock-sensors/bridge"
 	"github.com/lock-sensors/lock-sensors/history"
@@ -41,14 +42,14 @@ import (
 
 // allTargets are the parts `locks run` knows. Their order is only that of --help: the chosen
 // parts are built in name order and then all run at once (see runParts).
-var allTargets = []string{"bridge", "state", "history", "notifier", "watchdog", "api"}
+var allTargets = []string{"bridge", "state", "history", "notifier", "watchdog", "api", "alerter"}
 
 func allTargetsList() string { return strings.Join(allTargets, ",") }
 
 // What each part needs besides NATS.
 var (
-	needsPostgres   = []string{"state", "notifier", "watchdog", "api"}
-	needsClickHouse = []string{"history", "api"}
+	needsPostgres   = []string{"state", "notifier", "watchdog", "api", "alerter"}
+	needsClickHouse = []string{"history", "api", "alerter"}
 	needsAMQP       = []string{"bridge"}
 )
 
@@ -217,6 +218,8 @@ func buildPart(name string, d deps) (runner, error) {
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
 		return rb.Alongside(a), nil
+	case "alerter":
+		return newAlerter(d)
 	default:
 		return nil, fmt.Errorf("unknown part %q", name) // parseRunOptions admits only allTargets
 	}
@@ -387,4 +390,21 @@ func amqpReachable(ctx context.Context, u string) error {
 		return err
 	}
 	return c.Close()
+}
+
+// newAlerter wires the alerter; it watches projection lag through a rebuild runner of its
+// own that only lists (ListProjections' figures), never rebuilds.
+func newAlerter(d deps) (runner, error) {
+	rb, err := rebuild.New(rebuild.Config{PartitionCount: d.cfg.Partitions}, rebuild.Deps{JS: d.js, Logger: d.log, Projections: []rebuild.Projection{
+		state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: state.RebuildDeps{JS: d.js, PG: d.pg, Logger: d.log}},
+		projhistory.Projection{Rebuilds: projhistory.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	a := d.cfg.Alerts
+	return alerter.New(alerter.Config{Interval: a.Interval, Lag: a.Lag, SetAsideQuiet: a.SetAsideQuiet,
+		MassLossShare: a.MassLossShare, MassLossMin: a.MassLossMin, SMTPURL: a.SMTPURL, EmailTo: a.EmailTo, EmailFrom: a.EmailFrom,
+		WebhookURL: a.WebhookURL, WebhookSecret: a.WebhookSecret, MaxPerMinute: a.MaxPerMinute},
+		alerter.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Projections: rb})
 }

@@ -34,7 +34,7 @@ const (
 )
 
 // PartsDefault are the parts of `locks run --targets`.
-var PartsDefault = []string{"bridge", "state", "history", "notifier", "watchdog", "api"}
+var PartsDefault = []string{"bridge", "state", "history", "notifier", "watchdog", "api", "alerter"}
 
 // partitioned are the parts that take --partitions.
 var partitioned = []string{"state", "history", "notifier", "watchdog"}

@@ -69,8 +69,8 @@ func TestClusterSmoke(t *testing.T) {
 			t.Logf("cluster output:\n%s", out.String())
 		}
 	})
-	if len(c.Nodes) != 3 || len(c.Parts) != 12 {
-		t.Fatalf("%d nodes and %d locks processes, want 3 and 12", len(c.Nodes), len(c.Parts))
+	if len(c.Nodes) != 3 || len(c.Parts) != 14 {
+		t.Fatalf("%d nodes and %d locks processes, want 3 and 14", len(c.Nodes), len(c.Parts))
 	}
 
 	// Auth: no credentials, no connection; the admin user sees a 3-peer JetStream cluster.

@@ -45,7 +45,7 @@ func load(t *testing.T) (file, string) {
 	return f, string(b)
 }
 
-var parts = []string{"bridge", "state", "history", "notifier", "watchdog", "api"}
+var parts = []string{"bridge", "state", "history", "notifier", "watchdog", "api", "alerter"}
 
 func TestComposeTopology(t *testing.T) {
 	f, raw := load(t)
@@ -86,7 +86,7 @@ func TestComposeTopology(t *testing.T) {
 			if len(s.Command) < 2 || s.Command[0] != "run" || s.Command[1] != "--targets="+p {
 				t.Errorf("%s: command %v", n, s.Command)
 			}
-			if p != "bridge" && p != "api" && !slices.Contains(s.Command, "--partitions="+string(rune('0'+i))+"/2") {
+			if p != "bridge" && p != "api" && p != "alerter" && !slices.Contains(s.Command, "--partitions="+string(rune('0'+i))+"/2") {
 				t.Errorf("%s: command %v does not take its share of the partitions", n, s.Command)
 			}
 			urls := strings.Split(s.Environment["LOCKS_NATS_URL"], ",")

@@ -21,7 +21,7 @@ import (
 
 const chartDir = "lock-sensors"
 
-var parts = []string{"bridge", "state", "history", "notifier", "watchdog", "api"}
+var parts = []string{"bridge", "state", "history", "notifier", "watchdog", "api", "alerter"}
 
 // rendered is what `helm template` would print, decoded.
 type rendered struct {
@@ -172,7 +172,7 @@ func TestRenderDefaults(t *testing.T) {
 		if pods != 2 {
 			t.Errorf("%s: %d pods over %d Deployments, want 2", part, pods, len(ds))
 		}
-		if part == "bridge" || part == "api" {
+		if part == "bridge" || part == "api" || part == "alerter" {
 			if len(ds) != 1 || len(shares) != 0 {
 				t.Errorf("%s: %d Deployments with partitions %v, want 1 without", part, len(ds), shares)
 			}

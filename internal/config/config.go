@@ -68,6 +68,8 @@ type Config struct {
 	EndpointDisableAfter time.Duration
 	// MetricsMaxClients bounds the client label of the notifier's per-client metrics.
 	MetricsMaxClients int
+	// Alerts configures the alerter (alerts.go).
+	Alerts Alerts
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -162,7 +164,7 @@ func settings() []setting {
 			return nil
 		}
 	}
-	return []setting{
+	base := []setting{
 		{"LOCKS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL", urlOf("amqp", "amqps")(func(c *Config) *string { return &c.AMQPURL })},
 		{"LOCKS_AMQP_QUEUE", "sensor.readings", "queue the sensors publish to", func(c *Config, v string) error {
 			if v == "" {
@@ -307,6 +309,7 @@ func settings() []setting {
 			return errors.New("must be debug, info, warn or error")
 		}},
 	}
+	return append(base, alertSettings()...)
 }
 
 // FlagName is the kebab-case flag of a variable: LOCKS_AMQP_URL → amqp-url. The one
@@ -357,6 +360,9 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		return Config{}, &Error{Var: name, Value: strconv.Itoa(c.NATSReplicas),
 			Reason: "the embedded NATS server is one server; more replicas need LOCKS_NATS_URL pointing at a cluster"}
 	}
+	if err := checkAlerts(c.Alerts); err != nil {
+		return Config{}, err
+	}
 	return c, nil
 }
 
@@ -371,6 +377,10 @@ func shown(env, v string) string {
 	case env == "LOCKS_API_TOKENS":
 		return redact.Mask
 	case slices.Contains(secretURLs, env):
+		return redact.URL(v)
+	case env == "LOCKS_ALERT_WEBHOOK_SECRET":
+		return redact.Mask
+	case slices.Contains(alertSecrets, env):
 		return redact.URL(v)
 	}
 	return v
