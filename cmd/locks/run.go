@@ -215,12 +215,24 @@ func buildPart(name string, d deps) (runner, error) {
 	}
 }
 
+// processMetrics is the process's registry (Go runtime, process and readiness metrics; the
+// parts add theirs) and the ops server serving it. deploy/prometheus and deploy/grafana are
+// checked against what it holds once the parts are built (monitoring_test.go).
+func processMetrics(addr string, log *slog.Logger) (*prometheus.Registry, *ops.Server) {
+	reg := prometheus.NewRegistry()
+	srv := ops.New(addr, reg, log)
+	registerProcessMetrics(reg, srv)
+	return reg, srv
+}
+
+func registerProcessMetrics(reg prometheus.Registerer, srv *ops.Server) {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), srv.Readiness())
+}
+
 func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Logger) error {
 	log.Info("starting", "version", versionString(), "targets", strings.Join(o.targets, ","),
 		"partitions", o.partitionsString())
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := ops.New(cfg.HTTPAddr, reg, log)
+	reg, srv := processMetrics(cfg.HTTPAddr, log)
 	if cfg.Pprof {
 		srv.EnablePprof()
 	}

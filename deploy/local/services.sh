@@ -27,6 +27,9 @@ missing=()
 for pkg in postgresql rabbitmq-server clickhouse-server clickhouse-client; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# promtool (in Debian's prometheus package) checks deploy/prometheus/alerts.yml in the tests;
+# only the tool is used: no Prometheus server is started (policy-rc.d or not, we never start it).
+dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed" || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages (a few minutes the first time)…"
   export DEBIAN_FRONTEND=noninteractive
