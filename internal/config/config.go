@@ -64,6 +64,8 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ClickHouseCluster names the ClickHouse cluster the history tables span; empty: one node.
 	ClickHouseCluster string
+	// Retention: how long streams, the notifier's rows and ClickHouse history are kept.
+	Retention
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over
@@ -158,7 +160,7 @@ func settings() []setting {
 			return nil
 		}
 	}
-	return []setting{
+	return append([]setting{
 		{"LOCKS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL", urlOf("amqp", "amqps")(func(c *Config) *string { return &c.AMQPURL })},
 		{"LOCKS_AMQP_QUEUE", "sensor.readings", "queue the sensors publish to", func(c *Config, v string) error {
 			if v == "" {
@@ -286,7 +288,7 @@ func settings() []setting {
 			}
 			return errors.New("must be debug, info, warn or error")
 		}},
-	}
+	}, retentionSettings()...)
 }
 
 // FlagName is the kebab-case flag of a variable: LOCKS_AMQP_URL → amqp-url. The one
@@ -316,17 +318,21 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	}
 	var c Config
+	given := map[string]bool{}
 	for _, s := range settings() {
 		name, v := s.env, s.def
 		if e, ok := lookup(getenv, s.env); ok {
-			v = e
+			v, given[s.env] = e, true
 		}
 		if set[FlagName(s.env)] {
-			v, name = *flags[s.env], "--"+FlagName(s.env)
+			v, name, given[s.env] = *flags[s.env], "--"+FlagName(s.env), true
 		}
 		if err := s.set(&c, v); err != nil {
 			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}
+	}
+	if err := c.retentionGiven(given); err != nil {
+		return Config{}, err
 	}
 	// JetStream on one server refuses more than one replica; say so before anything starts.
 	if c.NATSURL == "" && c.NATSReplicas > 1 {

@@ -27,6 +27,10 @@ type StreamsConfig struct {
 	// LeaseTTL is the age at which an unrenewed partition lease lapses (LOCKS_LEASE_TTL;
 	// default LeaseTTLDefault).
 	LeaseTTL time.Duration
+	// ReadingsMaxAge, EventsMaxAge and DeliveriesMaxAge limit how long the streams keep
+	// messages (see MaxAge): READINGS for ever, EVENTS EventsMaxAgeDefault and DELIVERIES
+	// DeliveriesMaxAgeDefault unless configured.
+	ReadingsMaxAge, EventsMaxAge, DeliveriesMaxAge MaxAge
 }
 
 // LeaseTTLDefault is StreamsConfig.LeaseTTL's default.
@@ -68,6 +72,7 @@ func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
 		},
 		Storage:    jetstream.FileStorage,
 		Retention:  jetstream.LimitsPolicy,
+		MaxAge:     c.ReadingsMaxAge.Age,
 		Duplicates: c.Duplicates,
 		Replicas:   c.Replicas,
 		// The watchdog reads each expiring sensor's last message; direct gets skip the API queue.
@@ -82,7 +87,7 @@ func deliveriesConfig(c StreamsConfig) jetstream.StreamConfig {
 		Subjects:    []string{"deliveries.*"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      7 * 24 * time.Hour,
+		MaxAge:      c.DeliveriesMaxAge.orDefault(DeliveriesMaxAgeDefault),
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
 	}
@@ -95,6 +100,7 @@ func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
 		Subjects:    []string{"events.*.*"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      c.EventsMaxAge.orDefault(EventsMaxAgeDefault),
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
 	}
@@ -139,8 +145,12 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = LeaseTTLDefault
 	}
-	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
-		err := declareStream(ctx, js, want, func(ctx context.Context) error {
+	for _, s := range []struct {
+		want   jetstream.StreamConfig
+		setAge bool
+	}{{readingsConfig(c), c.ReadingsMaxAge.Set}, {eventsConfig(c), c.EventsMaxAge.Set}, {deliveriesConfig(c), c.DeliveriesMaxAge.Set}, {setAsideConfig(c), false}} {
+		want := s.want
+		err := declareStream(ctx, js, want, s.setAge, func(ctx context.Context) error {
 			_, err := js.CreateStream(ctx, want)
 			return err
 		})
@@ -153,7 +163,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 		kvs = append(kvs, LeasesConfig(c, part))
 	}
 	for _, kv := range kvs {
-		err := declareStream(ctx, js, bucketStream(kv), func(ctx context.Context) error {
+		err := declareStream(ctx, js, bucketStream(kv), false, func(ctx context.Context) error {
 			_, err := js.CreateKeyValue(ctx, kv)
 			return err
 		})
@@ -181,8 +191,9 @@ func bucketStream(kv jetstream.KeyValueConfig) jetstream.StreamConfig {
 }
 
 // declareStream creates want's stream with create when it is missing, and otherwise updates
-// it only if reconcile adds something, so that a start leaves an operator's stream untouched.
-func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, create func(context.Context) error) error {
+// it only if reconcile adds something, so that a start leaves an operator's stream untouched
+// (but for its age limit when setAge: the operator configured it explicitly).
+func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, setAge bool, create func(context.Context) error) error {
 	s, err := js.Stream(ctx, want.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -194,7 +205,7 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 		return fmt.Errorf("look up stream %s: %w", want.Name, err)
 	}
 	have := s.CachedInfo().Config
-	next, err := reconcile(have, want)
+	next, err := reconcile(have, want, setAge)
 	if err != nil {
 		return err
 	}
@@ -202,7 +213,7 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, next); err != nil {
-		return fmt.Errorf("update stream %s to %d replicas: %w", want.Name, next.Replicas, err)
+		return fmt.Errorf("update stream %s to %d replicas, max age %s: %w", want.Name, next.Replicas, next.MaxAge, err)
 	}
 	return nil
 }
@@ -211,7 +222,8 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 // that have lacks. Limits, placement, discard policy and the like stay as they are (an
 // operator's choice); replicas, the duplicate window and the marker TTL only ever grow. What
 // cannot be reconciled in place without moving or losing messages is refused in one line.
-func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+// setAge applies want's age limit, which the operator configured explicitly.
+func reconcile(have, want jetstream.StreamConfig, setAge bool) (jetstream.StreamConfig, error) {
 	if (have.SubjectTransform == nil) != (want.SubjectTransform == nil) ||
 		(have.SubjectTransform != nil && *have.SubjectTransform != *want.SubjectTransform) {
 		return have, fmt.Errorf("%w: stream %s maps subjects %v, the configuration wants %v; "+
@@ -238,9 +250,7 @@ func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error
 	next := have
 	next.Replicas = max(have.Replicas, want.Replicas)
 	next.Duplicates = max(have.Duplicates, want.Duplicates)
-	if have.MaxAge > 0 {
-		next.Duplicates = min(next.Duplicates, have.MaxAge) // the server refuses a window beyond MaxAge
-	}
+	applyMaxAge(&next, want, setAge)
 	next.AllowDirect = have.AllowDirect || want.AllowDirect
 	next.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
 	next.SubjectDeleteMarkerTTL = max(have.SubjectDeleteMarkerTTL, want.SubjectDeleteMarkerTTL)

@@ -1,0 +1,43 @@
+package natsx
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// MaxAge is a stream's age limit as configured (LOCKS_READINGS_MAX_AGE, LOCKS_EVENTS_MAX_AGE,
+// LOCKS_DELIVERIES_MAX_AGE). Age 0 keeps messages for ever. Set says the operator gave the
+// value: only then does a start apply it to an existing stream, lowering or raising its limit;
+// otherwise an existing stream keeps the limit it has (an operator may have set it by hand).
+type MaxAge struct {
+	Age time.Duration
+	Set bool
+}
+
+// Default age limits of the streams Declare creates. READINGS is the truth and is kept for
+// ever; EVENTS and DELIVERIES carry what their consumers (notifier, history projector) take
+// within seconds, and ClickHouse keeps the history the API serves.
+const (
+	EventsMaxAgeDefault     = 30 * 24 * time.Hour
+	DeliveriesMaxAgeDefault = 7 * 24 * time.Hour
+)
+
+// orDefault is a's age, or def when nothing was configured.
+func (a MaxAge) orDefault(def time.Duration) time.Duration {
+	if a.Set || a.Age > 0 {
+		return a.Age
+	}
+	return def
+}
+
+// applyMaxAge sets next's age limit to want's when the operator configured it explicitly. The
+// duplicate window stays within the age, which the server requires.
+func applyMaxAge(next *jetstream.StreamConfig, want jetstream.StreamConfig, set bool) {
+	if set {
+		next.MaxAge = want.MaxAge
+	}
+	if next.MaxAge > 0 {
+		next.Duplicates = min(next.Duplicates, next.MaxAge)
+	}
+}
