@@ -14,7 +14,7 @@ import (
 )
 
 // Config is the notifier's configuration; zero tuning fields take their defaults, which are
-// declared beside the loop that uses them (ingest.go, dispatch.go, endpoints.go, janitor.go).
+// declared beside the loop that uses them (ingest.go, dispatch.go, endpoints.go, retention.go).
 type Config struct {
 	// PartitionCount is the number of EVENTS partitions (LOCKS_PARTITIONS).
 	PartitionCount int
@@ -52,6 +52,9 @@ type Config struct {
 	BreakerMaxCooldown time.Duration
 	// Retention keeps finished rows (delivered, cancelled, superseded) this long (RetentionDefault).
 	Retention time.Duration
+	// DeadRetention keeps dead rows not redriven this long (DeadRetentionDefault);
+	// KeepUntilRedriven keeps them until an operator redrives them.
+	DeadRetention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -73,6 +76,9 @@ func (c *Config) setDefaults() {
 	defD(&c.BreakerCooldown, BreakerCooldownDefault)
 	defD(&c.BreakerMaxCooldown, BreakerMaxCooldownDefault)
 	defD(&c.Retention, RetentionDefault)
+	if c.DeadRetention == 0 {
+		c.DeadRetention = DeadRetentionDefault
+	}
 	defD(&c.LeaseTTL, lease.TTLDefault)
 	c.BreakerMaxCooldown = max(c.BreakerMaxCooldown, c.BreakerCooldown)
 }

@@ -163,7 +163,8 @@ func buildPart(name string, d deps) (runner, error) {
 			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg})
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
-			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
+			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
+			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
 		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
