@@ -177,7 +177,7 @@ func buildPart(name string, d deps) (runner, error) {
 		return st, nil
 	case "history":
 		return projhistory.New(projhistory.Config{Partitions: d.partitions, PartitionCount: d.cfg.Partitions,
-			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval},
+			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval, Retention: d.cfg.HistoryRetention},
 			projhistory.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, CH: d.ch})
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
