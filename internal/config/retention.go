@@ -40,7 +40,7 @@ func retentionSettings() []setting {
 	}
 	return []setting{
 		{"LOCKS_READINGS_MAX_AGE", "0", "age after which READINGS drops readings (0: kept for ever; see Retention)", keep(7*24*time.Hour, true, func(c *Config) *time.Duration { return &c.ReadingsMaxAge.Age })},
-		{"LOCKS_EVENTS_MAX_AGE", "30d", "age after which the EVENTS stream drops events (0: kept for ever)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.EventsMaxAge.Age })},
+		{"LOCKS_EVENTS_MAX_AGE", "0", "age after which the EVENTS stream drops events (0: kept for ever; see Retention)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.EventsMaxAge.Age })},
 		{"LOCKS_DELIVERIES_MAX_AGE", "7d", "age after which the DELIVERIES stream drops attempt records (0: kept for ever)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.DeliveriesMaxAge.Age })},
 		{"LOCKS_NOTIFIER_RETENTION", "7d", "age after which the notifier deletes delivered, superseded and cancelled delivery rows", keep(time.Hour, false, func(c *Config) *time.Duration { return &c.NotifierRetention })},
 		{"LOCKS_NOTIFIER_DEAD_RETENTION", "90d", "age after which the notifier deletes dead-lettered delivery rows not redriven (0: kept until redriven)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.NotifierDeadRetention })},

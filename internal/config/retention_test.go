@@ -20,7 +20,7 @@ func TestRetention(t *testing.T) {
 	t.Parallel()
 	want := config.Retention{
 		ReadingsMaxAge:        natsx.MaxAge{Age: 0},
-		EventsMaxAge:          natsx.MaxAge{Age: 30 * day},
+		EventsMaxAge:          natsx.MaxAge{Age: 0},
 		DeliveriesMaxAge:      natsx.MaxAge{Age: 7 * day},
 		NotifierRetention:     7 * day,
 		NotifierDeadRetention: 90 * day,

@@ -28,7 +28,7 @@ type StreamsConfig struct {
 	// default LeaseTTLDefault).
 	LeaseTTL time.Duration
 	// ReadingsMaxAge, EventsMaxAge and DeliveriesMaxAge limit how long the streams keep
-	// messages (see MaxAge): READINGS for ever, EVENTS EventsMaxAgeDefault and DELIVERIES
+	// messages (see MaxAge): READINGS and EVENTS for ever and DELIVERIES
 	// DeliveriesMaxAgeDefault unless configured.
 	ReadingsMaxAge, EventsMaxAge, DeliveriesMaxAge MaxAge
 }
@@ -100,7 +100,7 @@ func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
 		Subjects:    []string{"events.*.*"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      c.EventsMaxAge.orDefault(EventsMaxAgeDefault),
+		MaxAge:      c.EventsMaxAge.Age,
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
 	}

@@ -15,13 +15,11 @@ type MaxAge struct {
 	Set bool
 }
 
-// Default age limits of the streams Declare creates. READINGS is the truth and is kept for
-// ever; EVENTS and DELIVERIES carry what their consumers (notifier, history projector) take
-// within seconds, and ClickHouse keeps the history the API serves.
-const (
-	EventsMaxAgeDefault     = 30 * 24 * time.Hour
-	DeliveriesMaxAgeDefault = 7 * 24 * time.Hour
-)
+// DeliveriesMaxAgeDefault is the default age limit of DELIVERIES, the attempt records the
+// history projector copies to ClickHouse within seconds. READINGS, the truth, and EVENTS, which
+// a history rebuild refills ClickHouse's events from and a state rebuild checks against, are
+// kept for ever unless configured.
+const DeliveriesMaxAgeDefault = 7 * 24 * time.Hour
 
 // orDefault is a's age, or def when nothing was configured.
 func (a MaxAge) orDefault(def time.Duration) time.Duration {

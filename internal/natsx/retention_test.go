@@ -10,8 +10,8 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// Stream age limits: a first start creates READINGS without one and EVENTS and DELIVERIES
-// with their defaults; a later start keeps an operator's limits unless the variable is given,
+// Stream age limits: a first start creates READINGS and EVENTS without one and DELIVERIES
+// with its default; a later start keeps an operator's limits unless the variable is given,
 // and then applies it, lowering or raising; messages past the limit are removed by the server.
 func TestDeclareStreamMaxAge(t *testing.T) {
 	t.Parallel()
@@ -44,12 +44,12 @@ func TestDeclareStreamMaxAge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defaults := map[string]time.Duration{natsx.ReadingsStream: 0,
-		natsx.EventsStream: natsx.EventsMaxAgeDefault, natsx.DeliveriesStream: natsx.DeliveriesMaxAgeDefault}
+		natsx.EventsStream: 0, natsx.DeliveriesStream: natsx.DeliveriesMaxAgeDefault}
 	check("first start", defaults)
 
 	// The operator edits the limits by hand; a start with the defaults leaves them.
 	operator := map[string]time.Duration{natsx.ReadingsStream: 400 * 24 * time.Hour,
-		natsx.EventsStream: 0, natsx.DeliveriesStream: time.Hour}
+		natsx.EventsStream: 90 * 24 * time.Hour, natsx.DeliveriesStream: time.Hour}
 	for name, cfg := range maxAges() {
 		cfg.MaxAge = operator[name]
 		if _, err := js.UpdateStream(ctx, cfg); err != nil {
