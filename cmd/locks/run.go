@@ -227,7 +227,7 @@ func processMetrics(addr string, log *slog.Logger) (*prometheus.Registry, *ops.S
 }
 
 func registerProcessMetrics(reg prometheus.Registerer, srv *ops.Server) {
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), srv.Readiness())
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), srv.Readiness(ops.ReadinessReuseDefault))
 }
 
 func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Logger) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -12,12 +13,14 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// locks_ready follows each readiness check at every scrape, for Prometheus alerts.
+// locks_ready follows each readiness check, for Prometheus alerts; with a reuse period, one
+// round of checks answers the scrapes within it.
 func TestReadinessMetricFollowsChecks(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewRegistry()
+	reg, cached := prometheus.NewRegistry(), prometheus.NewRegistry()
 	s := ops.New("127.0.0.1:0", reg, testenv.Logger(t))
-	reg.MustRegister(s.Readiness())
+	reg.MustRegister(s.Readiness(0))
+	cached.MustRegister(s.Readiness(time.Hour))
 	var down atomic.Bool
 	down.Store(true)
 	s.AddCheck("postgres", func(context.Context) error {
@@ -27,8 +30,8 @@ func TestReadinessMetricFollowsChecks(t *testing.T) {
 		return nil
 	})
 	s.AddCheck("nats", func(context.Context) error { return nil })
-	ready := func() map[string]float64 {
-		mfs, err := reg.Gather()
+	ready := func(g prometheus.Gatherer) map[string]float64 {
+		mfs, err := g.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,11 +46,17 @@ func TestReadinessMetricFollowsChecks(t *testing.T) {
 		}
 		return got
 	}
-	if got := ready(); got["nats"] != 1 || got["postgres"] != 0 || len(got) != 2 {
+	if got := ready(reg); got["nats"] != 1 || got["postgres"] != 0 || len(got) != 2 {
 		t.Fatalf("with postgres failing, locks_ready = %v", got)
 	}
+	if got := ready(cached); got["postgres"] != 0 {
+		t.Fatalf("with postgres failing, cached locks_ready = %v", got)
+	}
 	down.Store(false)
-	if got := ready(); got["nats"] != 1 || got["postgres"] != 1 {
+	if got := ready(reg); got["nats"] != 1 || got["postgres"] != 1 {
 		t.Fatalf("with every check passing, locks_ready = %v", got)
+	}
+	if got := ready(cached); got["postgres"] != 0 {
+		t.Fatalf("within the reuse period, locks_ready = %v; want the first round's 0", got)
 	}
 }
