@@ -27,8 +27,7 @@ missing=()
 for pkg in postgresql rabbitmq-server clickhouse-server clickhouse-client; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
-# promtool (in Debian's prometheus package) checks deploy/prometheus/alerts.yml in the tests;
-# only the tool is used: no Prometheus server is started (policy-rc.d or not, we never start it).
+# promtool (in Debian's prometheus package) checks deploy/prometheus/alerts.yml in the tests.
 dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed" || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages (a few minutes the first time)…"
@@ -38,6 +37,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q "${missing[@]}" >/tmp/locks-apt.log 2>&1 ||
     die "apt-get install ${missing[*]} failed; see /tmp/locks-apt.log"
   say "installed ${missing[*]}"
+fi
+# Installing Debian's prometheus starts a Prometheus server on :9090 (LOCKS_GRPC_ADDR's port)
+# and a node exporter where no policy-rc.d forbids it; only promtool is wanted from it.
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  for svc in prometheus prometheus-node-exporter; do
+    service "$svc" stop >/dev/null 2>&1 || true
+    if command -v systemctl >/dev/null; then systemctl disable "$svc" >/dev/null 2>&1 || true; fi
+  done
 fi
 
 wait_port() { # name port seconds
