@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
 
@@ -162,7 +163,9 @@ func registeredMetrics(t *testing.T) func(string) bool {
 	reg := prometheus.NewRegistry()
 	srv := ops.New("127.0.0.1:0", reg, testenv.Logger(t))
 	rec := &recordingRegisterer{Registerer: reg, names: map[string]bool{}}
-	registerProcessMetrics(rec, srv)
+	// The process's own collectors, as runParts registers them.
+	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		srv.Readiness(ops.ReadinessReuseDefault))
 	cfg := config.Default()
 	cfg.Partitions = 2
 	all, err := partition.Parse("all", cfg.Partitions)

@@ -216,24 +216,13 @@ func buildPart(name string, d deps) (runner, error) {
 	}
 }
 
-// processMetrics is the process's registry (Go runtime, process and readiness metrics; the
-// parts add theirs) and the ops server serving it. deploy/prometheus and deploy/grafana are
-// checked against what it holds once the parts are built (monitoring_test.go).
-func processMetrics(addr string, log *slog.Logger) (*prometheus.Registry, *ops.Server) {
-	reg := prometheus.NewRegistry()
-	srv := ops.New(addr, reg, log)
-	registerProcessMetrics(reg, srv)
-	return reg, srv
-}
-
-func registerProcessMetrics(reg prometheus.Registerer, srv *ops.Server) {
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), srv.Readiness(ops.ReadinessReuseDefault))
-}
-
 func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Logger) error {
 	log.Info("starting", "version", versionString(), "targets", strings.Join(o.targets, ","),
 		"partitions", o.partitionsString())
-	reg, srv := processMetrics(cfg.HTTPAddr, log)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := ops.New(cfg.HTTPAddr, reg, log)
+	reg.MustRegister(srv.Readiness(ops.ReadinessReuseDefault))
 	if cfg.Pprof {
 		srv.EnablePprof()
 	}

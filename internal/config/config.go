@@ -38,6 +38,8 @@ type Config struct {
 	WebhookAllowPrivate bool
 	Partitions          int
 	LogLevel            string
+	// Retention: how long streams, the notifier's rows and ClickHouse history are kept.
+	Retention
 	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
 	HistoryBatchSize     int
 	HistoryFlushInterval time.Duration
@@ -64,8 +66,6 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ClickHouseCluster names the ClickHouse cluster the history tables span; empty: one node.
 	ClickHouseCluster string
-	// Retention: how long streams, the notifier's rows and ClickHouse history are kept.
-	Retention
 }
 
 // DefaultRetrySchedule is the delay before attempt 2, 3, … of a webhook: ten attempts over

@@ -28,7 +28,7 @@ type StreamsConfig struct {
 	// default LeaseTTLDefault).
 	LeaseTTL time.Duration
 	// ReadingsMaxAge, EventsMaxAge and DeliveriesMaxAge limit how long the streams keep
-	// messages (see MaxAge): READINGS and EVENTS for ever and DELIVERIES
+	// messages (see MaxAge and applyMaxAges): READINGS and EVENTS for ever and DELIVERIES
 	// DeliveriesMaxAgeDefault unless configured.
 	ReadingsMaxAge, EventsMaxAge, DeliveriesMaxAge MaxAge
 }
@@ -145,12 +145,8 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = LeaseTTLDefault
 	}
-	for _, s := range []struct {
-		want   jetstream.StreamConfig
-		setAge bool
-	}{{readingsConfig(c), c.ReadingsMaxAge.Set}, {eventsConfig(c), c.EventsMaxAge.Set}, {deliveriesConfig(c), c.DeliveriesMaxAge.Set}, {setAsideConfig(c), false}} {
-		want := s.want
-		err := declareStream(ctx, js, want, s.setAge, func(ctx context.Context) error {
+	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c)} {
+		err := declareStream(ctx, js, want, func(ctx context.Context) error {
 			_, err := js.CreateStream(ctx, want)
 			return err
 		})
@@ -163,7 +159,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 		kvs = append(kvs, LeasesConfig(c, part))
 	}
 	for _, kv := range kvs {
-		err := declareStream(ctx, js, bucketStream(kv), false, func(ctx context.Context) error {
+		err := declareStream(ctx, js, bucketStream(kv), func(ctx context.Context) error {
 			_, err := js.CreateKeyValue(ctx, kv)
 			return err
 		})
@@ -171,7 +167,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 			return fmt.Errorf("KV bucket %s: %w", kv.Bucket, err)
 		}
 	}
-	return nil
+	return applyMaxAges(ctx, js, c)
 }
 
 // bucketStream is what reconcile checks of a bucket's stream: the settings of kv that the
@@ -191,9 +187,8 @@ func bucketStream(kv jetstream.KeyValueConfig) jetstream.StreamConfig {
 }
 
 // declareStream creates want's stream with create when it is missing, and otherwise updates
-// it only if reconcile adds something, so that a start leaves an operator's stream untouched
-// (but for its age limit when setAge: the operator configured it explicitly).
-func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, setAge bool, create func(context.Context) error) error {
+// it only if reconcile adds something, so that a start leaves an operator's stream untouched.
+func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, create func(context.Context) error) error {
 	s, err := js.Stream(ctx, want.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -205,7 +200,7 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 		return fmt.Errorf("look up stream %s: %w", want.Name, err)
 	}
 	have := s.CachedInfo().Config
-	next, err := reconcile(have, want, setAge)
+	next, err := reconcile(have, want)
 	if err != nil {
 		return err
 	}
@@ -213,7 +208,7 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, next); err != nil {
-		return fmt.Errorf("update stream %s to %d replicas, max age %s: %w", want.Name, next.Replicas, next.MaxAge, err)
+		return fmt.Errorf("update stream %s to %d replicas: %w", want.Name, next.Replicas, err)
 	}
 	return nil
 }
@@ -222,8 +217,7 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 // that have lacks. Limits, placement, discard policy and the like stay as they are (an
 // operator's choice); replicas, the duplicate window and the marker TTL only ever grow. What
 // cannot be reconciled in place without moving or losing messages is refused in one line.
-// setAge applies want's age limit, which the operator configured explicitly.
-func reconcile(have, want jetstream.StreamConfig, setAge bool) (jetstream.StreamConfig, error) {
+func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error) {
 	if (have.SubjectTransform == nil) != (want.SubjectTransform == nil) ||
 		(have.SubjectTransform != nil && *have.SubjectTransform != *want.SubjectTransform) {
 		return have, fmt.Errorf("%w: stream %s maps subjects %v, the configuration wants %v; "+
@@ -250,7 +244,9 @@ func reconcile(have, want jetstream.StreamConfig, setAge bool) (jetstream.Stream
 	next := have
 	next.Replicas = max(have.Replicas, want.Replicas)
 	next.Duplicates = max(have.Duplicates, want.Duplicates)
-	applyMaxAge(&next, want, setAge)
+	if have.MaxAge > 0 {
+		next.Duplicates = min(next.Duplicates, have.MaxAge) // the server refuses a window beyond MaxAge
+	}
 	next.AllowDirect = have.AllowDirect || want.AllowDirect
 	next.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
 	next.SubjectDeleteMarkerTTL = max(have.SubjectDeleteMarkerTTL, want.SubjectDeleteMarkerTTL)

@@ -1,6 +1,8 @@
 package natsx
 
 import (
+	"context"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,13 +31,32 @@ func (a MaxAge) orDefault(def time.Duration) time.Duration {
 	return def
 }
 
-// applyMaxAge sets next's age limit to want's when the operator configured it explicitly. The
-// duplicate window stays within the age, which the server requires.
-func applyMaxAge(next *jetstream.StreamConfig, want jetstream.StreamConfig, set bool) {
-	if set {
-		next.MaxAge = want.MaxAge
+// applyMaxAges gives the existing READINGS, EVENTS and DELIVERIES the age limits the operator
+// configured explicitly (Set), lowering or raising theirs; Declare leaves every other limit of
+// an existing stream as it is. The duplicate window stays within the age, as the server requires.
+func applyMaxAges(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error {
+	for _, w := range []struct {
+		stream string
+		age    MaxAge
+	}{{ReadingsStream, c.ReadingsMaxAge}, {EventsStream, c.EventsMaxAge}, {DeliveriesStream, c.DeliveriesMaxAge}} {
+		if !w.age.Set {
+			continue
+		}
+		s, err := js.Stream(ctx, w.stream)
+		if err != nil {
+			return fmt.Errorf("look up stream %s: %w", w.stream, err)
+		}
+		cfg := s.CachedInfo().Config
+		if cfg.MaxAge == w.age.Age {
+			continue
+		}
+		cfg.MaxAge = w.age.Age
+		if cfg.MaxAge > 0 {
+			cfg.Duplicates = min(cfg.Duplicates, cfg.MaxAge)
+		}
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("set the max age of stream %s to %s: %w", w.stream, w.age.Age, err)
+		}
 	}
-	if next.MaxAge > 0 {
-		next.Duplicates = min(next.Duplicates, next.MaxAge)
-	}
+	return nil
 }
