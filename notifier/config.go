@@ -50,11 +50,11 @@ type Config struct {
 	// doubling while probes fail, up to BreakerMaxCooldown (BreakerMaxCooldownDefault).
 	BreakerCooldown    time.Duration
 	BreakerMaxCooldown time.Duration
-	// Retention keeps finished rows (delivered, cancelled, superseded) this long (RetentionDefault).
-	Retention time.Duration
 	// DeadRetention keeps dead rows not redriven this long (DeadRetentionDefault);
 	// KeepUntilRedriven keeps them until an operator redrives them.
 	DeadRetention time.Duration
+	// Retention keeps finished rows (delivered, cancelled, superseded) this long (RetentionDefault).
+	Retention time.Duration
 }
 
 func (c *Config) setDefaults() {
