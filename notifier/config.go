@@ -14,7 +14,7 @@ import (
 )
 
 // Config is the notifier's configuration; zero tuning fields take their defaults, which are
-// declared beside the loop that uses them (ingest.go, dispatch.go, endpoints.go, janitor.go).
+// declared beside the loop that uses them (ingest.go, dispatch.go, endpoints.go, retention.go).
 type Config struct {
 	// PartitionCount is the number of EVENTS partitions (LOCKS_PARTITIONS).
 	PartitionCount int
@@ -50,6 +50,9 @@ type Config struct {
 	// doubling while probes fail, up to BreakerMaxCooldown (BreakerMaxCooldownDefault).
 	BreakerCooldown    time.Duration
 	BreakerMaxCooldown time.Duration
+	// DeadRetention keeps dead rows not redriven this long (DeadRetentionDefault);
+	// KeepUntilRedriven keeps them until an operator redrives them.
+	DeadRetention time.Duration
 	// Retention keeps finished rows (delivered, cancelled, superseded) this long (RetentionDefault).
 	Retention time.Duration
 	// DisableAfter disables a client whose attempts all failed for this long
@@ -80,6 +83,9 @@ func (c *Config) setDefaults() {
 	defD(&c.BreakerCooldown, BreakerCooldownDefault)
 	defD(&c.BreakerMaxCooldown, BreakerMaxCooldownDefault)
 	defD(&c.Retention, RetentionDefault)
+	if c.DeadRetention == 0 {
+		c.DeadRetention = DeadRetentionDefault
+	}
 	defD(&c.LeaseTTL, lease.TTLDefault)
 	c.BreakerMaxCooldown = max(c.BreakerMaxCooldown, c.BreakerCooldown)
 }

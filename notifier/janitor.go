@@ -9,18 +9,11 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 )
 
-// Defaults of the janitor.
-const (
-	// RetentionDefault is Config.Retention: finished rows are kept a week.
-	RetentionDefault = 7 * 24 * time.Hour
-	// janitorEvery is how often rows a crashed process left behind are superseded.
-	janitorEvery = 5 * time.Second
-	// retentionEvery is how often rows past the retention are deleted.
-	retentionEvery = time.Hour
-)
+// janitorEvery is how often rows a crashed process left behind are superseded.
+const janitorEvery = 5 * time.Second
 
-// janitor supersedes rows left behind by crashed processes, and forgets finished rows after
-// the retention (dead rows stay until redriven).
+// janitor supersedes rows left behind by crashed processes, and forgets finished and dead
+// rows after their retentions (retention.go).
 func (n *Notifier) janitor(ctx context.Context) {
 	t := time.NewTicker(janitorEvery)
 	defer t.Stop()
@@ -49,14 +42,6 @@ func (n *Notifier) janitor(ctx context.Context) {
 		if len(recs) > 0 {
 			n.relay.Wake()
 		}
-		if time.Since(last) > retentionEvery {
-			last = time.Now()
-			_, err := n.db.Exec(ctx, `DELETE FROM notifier_deliveries
-				WHERE state IN ('delivered', 'cancelled', 'superseded') AND updated_at < now() - $1 * interval '1 microsecond'`,
-				n.cfg.Retention.Microseconds())
-			if err != nil && ctx.Err() == nil {
-				n.log.Warn("delete finished deliveries past retention", "err", err)
-			}
-		}
+		n.sweepRetention(ctx, &last)
 	}
 }

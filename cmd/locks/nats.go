@@ -50,7 +50,8 @@ func declareStreams(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	declare func(context.Context, jetstream.JetStream, natsx.StreamsConfig) error) error {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err := declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL})
+	err := declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL,
+		ReadingsMaxAge: cfg.ReadingsMaxAge, EventsMaxAge: cfg.EventsMaxAge, DeliveriesMaxAge: cfg.DeliveriesMaxAge})
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), err)
 	}

@@ -166,7 +166,8 @@ func buildPart(name string, d deps) (runner, error) {
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
-			DisableAfter: d.cfg.EndpointDisableAfter, MetricsMaxClients: d.cfg.MetricsMaxClients},
+			DisableAfter: d.cfg.EndpointDisableAfter, MetricsMaxClients: d.cfg.MetricsMaxClients,
+			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
 	case "state":
 		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
@@ -179,7 +180,7 @@ func buildPart(name string, d deps) (runner, error) {
 		return st, nil
 	case "history":
 		return projhistory.New(projhistory.Config{Partitions: d.partitions, PartitionCount: d.cfg.Partitions,
-			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval},
+			BatchSize: d.cfg.HistoryBatchSize, FlushInterval: d.cfg.HistoryFlushInterval, Retention: d.cfg.HistoryRetention},
 			projhistory.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, CH: d.ch})
 	case "watchdog":
 		// The upstream is behind while the bridge's queue has no consumer or a backlog
@@ -232,6 +233,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	presence, log := newPresence(log, reg)
 	srv := ops.New(cfg.HTTPAddr, reg, log)
+	reg.MustRegister(srv.Readiness(ops.ReadinessReuseDefault))
 	if cfg.Pprof {
 		srv.EnablePprof()
 	}

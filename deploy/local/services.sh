@@ -28,6 +28,8 @@ missing=()
 for pkg in postgresql rabbitmq-server clickhouse-server clickhouse-client chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# promtool (in Debian's prometheus package) checks deploy/prometheus/alerts.yml in the tests.
+dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed" || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} from Debian's packages (a few minutes the first time)…"
   export DEBIAN_FRONTEND=noninteractive
@@ -36,6 +38,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q "${missing[@]}" >/tmp/locks-apt.log 2>&1 ||
     die "apt-get install ${missing[*]} failed; see /tmp/locks-apt.log"
   say "installed ${missing[*]}"
+fi
+# Installing Debian's prometheus starts a Prometheus server on :9090 (LOCKS_GRPC_ADDR's port)
+# and a node exporter where no policy-rc.d forbids it; only promtool is wanted from it.
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  for svc in prometheus prometheus-node-exporter; do
+    service "$svc" stop >/dev/null 2>&1 || true
+    if command -v systemctl >/dev/null; then systemctl disable "$svc" >/dev/null 2>&1 || true; fi
+  done
 fi
 
 wait_port() { # name port seconds

@@ -38,6 +38,8 @@ type Config struct {
 	WebhookAllowPrivate bool
 	Partitions          int
 	LogLevel            string
+	// Retention: how long streams, the notifier's rows and ClickHouse history are kept.
+	Retention
 	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
 	HistoryBatchSize     int
 	HistoryFlushInterval time.Duration
@@ -309,7 +311,7 @@ func settings() []setting {
 			return errors.New("must be debug, info, warn or error")
 		}},
 	}
-	return append(base, alertSettings()...)
+	return append(append(base, alertSettings()...), retentionSettings()...)
 }
 
 // FlagName is the kebab-case flag of a variable: LOCKS_AMQP_URL → amqp-url. The one
@@ -339,17 +341,21 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	}
 	var c Config
+	given := map[string]bool{}
 	for _, s := range settings() {
 		name, v := s.env, s.def
 		if e, ok := lookup(getenv, s.env); ok {
-			v = e
+			v, given[s.env] = e, true
 		}
 		if set[FlagName(s.env)] {
-			v, name = *flags[s.env], "--"+FlagName(s.env)
+			v, name, given[s.env] = *flags[s.env], "--"+FlagName(s.env), true
 		}
 		if err := s.set(&c, v); err != nil {
 			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}
+	}
+	if err := c.retentionGiven(given); err != nil {
+		return Config{}, err
 	}
 	// JetStream on one server refuses more than one replica; say so before anything starts.
 	if c.NATSURL == "" && c.NATSReplicas > 1 {

@@ -27,6 +27,10 @@ type StreamsConfig struct {
 	// LeaseTTL is the age at which an unrenewed partition lease lapses (LOCKS_LEASE_TTL;
 	// default LeaseTTLDefault).
 	LeaseTTL time.Duration
+	// ReadingsMaxAge, EventsMaxAge and DeliveriesMaxAge limit how long the streams keep
+	// messages (see MaxAge and applyMaxAges): READINGS and EVENTS for ever and DELIVERIES
+	// DeliveriesMaxAgeDefault unless configured.
+	ReadingsMaxAge, EventsMaxAge, DeliveriesMaxAge MaxAge
 }
 
 // LeaseTTLDefault is StreamsConfig.LeaseTTL's default.
@@ -68,6 +72,7 @@ func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
 		},
 		Storage:    jetstream.FileStorage,
 		Retention:  jetstream.LimitsPolicy,
+		MaxAge:     c.ReadingsMaxAge.Age,
 		Duplicates: c.Duplicates,
 		Replicas:   c.Replicas,
 		// The watchdog reads each expiring sensor's last message; direct gets skip the API queue.
@@ -82,7 +87,7 @@ func deliveriesConfig(c StreamsConfig) jetstream.StreamConfig {
 		Subjects:    []string{"deliveries.*"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      7 * 24 * time.Hour,
+		MaxAge:      c.DeliveriesMaxAge.orDefault(DeliveriesMaxAgeDefault),
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
 	}
@@ -95,6 +100,7 @@ func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
 		Subjects:    []string{"events.*.*"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      c.EventsMaxAge.Age,
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
 	}
@@ -161,7 +167,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 			return fmt.Errorf("KV bucket %s: %w", kv.Bucket, err)
 		}
 	}
-	return nil
+	return applyMaxAges(ctx, js, c)
 }
 
 // bucketStream is what reconcile checks of a bucket's stream: the settings of kv that the

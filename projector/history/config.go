@@ -57,6 +57,10 @@ type Config struct {
 	Durable string
 	// ShutdownGrace bounds the last flush after the context is cancelled (default 10 s).
 	ShutdownGrace time.Duration
+	// Retention drops months of history that ended longer ago than this
+	// (LOCKS_HISTORY_RETENTION; 0 keeps everything), checked every RetentionEvery
+	// (RetentionEveryDefault).
+	Retention, RetentionEvery time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +91,9 @@ func (c *Config) setDefaults() {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = ShutdownGraceDefault
 	}
+	if c.RetentionEvery == 0 {
+		c.RetentionEvery = RetentionEveryDefault
+	}
 }
 
 // Validate reports the first unusable setting.
@@ -102,6 +109,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("history: ack wait %s must be >= 1s", c.AckWait)
 	case c.MaxAckPending < c.BatchSize:
 		return fmt.Errorf("history: max ack pending %d must be >= batch size %d, or a batch never fills", c.MaxAckPending, c.BatchSize)
+	case c.Retention < 0 || c.RetentionEvery < 0:
+		return errors.New("history: retention must not be negative")
 	case c.InsertTimeout <= 0 || c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin:
 		return errors.New("history: insert timeout and backoff must be positive, BackoffMax >= BackoffMin")
 	}

@@ -122,6 +122,9 @@ func (h *Projector) Run(ctx context.Context) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	var sg errgroup.Group
+	if h.cfg.Retention > 0 {
+		g.Go(func() error { h.retain(gctx); return nil })
+	}
 	for _, s := range h.sinks {
 		sg.Go(func() error { return s.run(sinkCtx) })
 	}
