@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,21 +161,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	})
 
 	t.Run("a dead letter resent from the page arrives", func(t *testing.T) {
-		rcv := newReceiver(t)
-		cl := sys.call(t, "POST", "/v1/clients", map[string]any{"name": "Front desk", "webhook_url": rcv.url})
-		clientID := cl["id"].(string)
-		sys.call(t, "POST", "/v1/sensors", map[string]any{"id": "UiDead1", "address": "Store room"})
-		sys.call(t, "PUT", "/v1/sensors/UiDead1/clients/"+clientID, nil)
+		rcv, clientID := sys.failingClient(t, "Front desk", "UiDead1")
 		sys.reading(t, "UiDead1", 0)
 		// The same reading again and again keeps the sensor online without new events, so the
 		// receiver sees only the state change's two attempts: not enough to open the client's
 		// circuit breaker, whose cooldown would delay the resend by half a minute.
 		keepAlive(t, sys, "UiDead1", 0)
-		var evt string
-		testenv.Eventually(t, 30*time.Second, "a failed attempt at the receiver", func() bool {
-			evt = rcv.firstFailed()
-			return evt != ""
-		})
+		evt := rcv.waitFailed(t)
 		row := `#dead tr[data-event="` + evt + `"]`
 		step(t, ctx, 30*time.Second, "the dead letter on the page", chromedp.WaitVisible(chromedp.CSS(row)))
 		step(t, ctx, 10*time.Second, "the failing client in the clients panel",
@@ -184,8 +177,89 @@ func TestDashboardInBrowser(t *testing.T) {
 		step(t, ctx, 10*time.Second, "resend clicked",
 			chromedp.Click(chromedp.CSS(row+` button.resend`)),
 			chromedp.WaitVisible(chromedp.CSS(`#dead-result .ok`)))
+		// The resend call names that one delivery (not a redrive over a time window).
+		msg, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#dead-result .ok`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(msg, evt) {
+			t.Errorf("resend result %q does not name the delivery %s", msg, evt)
+		}
+		if !strings.Contains(sys.log.String(), `msg="delivery resent" client_id=`+clientID+` event_id=`+evt) {
+			t.Errorf("the API did not log the resend of %s to %s", evt, clientID)
+		}
 		testenv.Eventually(t, 30*time.Second, "the resent delivery at the receiver", func() bool { return rcv.got(evt) })
 		step(t, ctx, 30*time.Second, "the dead letter gone from the page", chromedp.WaitNotPresent(chromedp.CSS(row)))
+	})
+
+	t.Run("a failing endpoint is disabled and re-enabled from the page", func(t *testing.T) {
+		rcv, clientID := sys.failingClient(t, "Night desk", "UiOff1", "UiOff2", "UiOff3")
+		// Each sensor's first reading is its one event: the same reading again keeps it online
+		// (no connection events). The first event's two attempts fail (it goes dead): failing,
+		// but not for disableAfter yet.
+		sys.reading(t, "UiOff1", 1)
+		keepAlive(t, sys, "UiOff1", 1)
+		first := rcv.waitFailed(t)
+		failingSince := time.Now()
+		tr := `#clients tr[data-client="` + clientID + `"]`
+		step(t, ctx, 10*time.Second, "the client shown failing",
+			chromedp.WaitVisible(chromedp.CSS(tr+`[data-health="failing"] .failing`)))
+		if has, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('`+tr+` button.enable') !== null`)); err != nil || has {
+			t.Fatalf("a failing endpoint not disabled yet offers Re-enable (%v, err %v)", has, err)
+		}
+		shot(t, ctx, dir, "endpoint-failing")
+		// The next event's attempt, past disableAfter of failures, disables the endpoint. Fewer
+		// than five failures in a row keep the circuit breaker closed, so it is attempted at once.
+		time.Sleep(time.Until(failingSince.Add(disableAfter + time.Second)))
+		sys.reading(t, "UiOff3", 1)
+		keepAlive(t, sys, "UiOff3", 1)
+		step(t, ctx, 30*time.Second, "the client shown disabled",
+			chromedp.WaitVisible(chromedp.CSS(tr+`[data-health="disabled"] button.enable`)))
+		reason, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(tr+` .reason`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(reason, "every attempt failed") {
+			t.Errorf("disabled reason on the page = %q, want the notifier's reason", reason)
+		}
+		failed := rcv.failedIDs()
+		if len(failed) != 2 || failed[0] != first {
+			t.Fatalf("failed webhook-ids at the receiver = %v, want the first event and the one that disabled the endpoint", failed)
+		}
+		waited := failed[1]
+		// While disabled, a new event waits unattempted.
+		sys.reading(t, "UiOff2", 1)
+		keepAlive(t, sys, "UiOff2", 1)
+		testenv.Eventually(t, 30*time.Second, "two deliveries waiting", func() bool {
+			st := sys.callMaybe(t, "GET", "/v1/clients/"+clientID+"/stats")
+			return st != nil && st["pending"] == "2"
+		})
+		if n := len(rcv.failedIDs()); n != 2 {
+			t.Fatalf("%d webhook-ids failed at the receiver while the endpoint was disabled, want still 2", n)
+		}
+		shot(t, ctx, dir, "endpoint-disabled")
+		rcv.setFailing(false)
+		step(t, ctx, 10*time.Second, "re-enable clicked",
+			chromedp.Click(chromedp.CSS(tr+` button.enable`)),
+			chromedp.WaitVisible(chromedp.CSS(`#clients-result .ok`)))
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("receiver: failed %v, delivered %v; stats %v", rcv.failedIDs(), rcv.deliveredIDs(),
+					sys.callMaybe(t, "GET", "/v1/clients/"+clientID+"/stats"))
+			}
+		})
+		testenv.Eventually(t, 30*time.Second, "the deliveries that waited at the receiver", func() bool {
+			got := rcv.deliveredIDs()
+			return len(got) == 2 && slices.Contains(got, waited)
+		})
+		for _, id := range rcv.deliveredIDs() {
+			if id != waited && slices.Contains(rcv.failedIDs(), id) {
+				t.Errorf("the event that came while disabled (%s) was attempted before the re-enable", id)
+			}
+		}
+		step(t, ctx, 10*time.Second, "the client shown enabled",
+			chromedp.WaitVisible(chromedp.CSS(tr+` td.endpoint .enabled`)),
+			chromedp.WaitNotPresent(chromedp.CSS(tr+` button.enable`)))
 	})
 
 	t.Run("a rebuild started from the page shows progress and ends", func(t *testing.T) {

@@ -8,16 +8,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
 // The dashboard reads what the admin API serves, through its in-process gRPC connection and
 // with the operator's token, so that it shows exactly what a client of the API sees and adds
-// no queries of its own. The per-client figures (clientStats) are derived from the attempt
-// history and the dead letters for now; when the API gains per-client statistics and the
-// endpoint's disabled_time, clientStats is the one function to switch to them.
+// no queries of its own.
 
 // maxScan bounds the pages a panel reads per refresh, so a huge fleet slows nothing down;
 // the lost list says when it reached the bound.
@@ -30,12 +27,14 @@ type apiClient struct {
 	projs    locksv1.ProjectionServiceClient
 	setAside locksv1.SetAsideServiceClient
 	overview locksv1.OverviewServiceClient
+	controls locksv1.WebhookControlServiceClient
 }
 
 func newAPIClient(cc grpc.ClientConnInterface) *apiClient {
 	return &apiClient{clients: locksv1.NewClientServiceClient(cc), sensors: locksv1.NewSensorServiceClient(cc),
 		history: locksv1.NewHistoryServiceClient(cc), projs: locksv1.NewProjectionServiceClient(cc),
-		setAside: locksv1.NewSetAsideServiceClient(cc), overview: locksv1.NewOverviewServiceClient(cc)}
+		setAside: locksv1.NewSetAsideServiceClient(cc), overview: locksv1.NewOverviewServiceClient(cc),
+		controls: locksv1.NewWebhookControlServiceClient(cc)}
 }
 
 // as is ctx carrying the session's token, as a REST or gRPC client would send it.
@@ -96,61 +95,48 @@ func (a *apiClient) listClients(ctx context.Context) ([]*locksv1.Client, error) 
 	return out, nil
 }
 
+// clientsShown bounds the clients whose statistics one refresh reads (a query each); the
+// panel says when there are more.
+const clientsShown = 200
+
 type clientStat struct {
-	ID, Name, URL     string
-	OK, Failing, Dead int
-	P99               time.Duration
-	LastSuccess       time.Time
-	Disabled          string // "" when the API does not say (see the comment at the top)
-	Err               string
+	ID, Name, URL        string
+	*locksv1.ClientStats // nil when reading them failed (Err)
+	P99                  time.Duration
+	LastSuccess          time.Time
+	DisabledAt           time.Time // zero while the endpoint is enabled
+	DisabledReason       string
+	Err                  string
 }
 
-// statsWindow is how far back the attempt history is read for the per-client figures.
-const statsWindow = time.Hour
+// Failing is an endpoint with failed attempts and deliveries dead or waiting for a retry.
+func (s clientStat) Failing() bool {
+	return s.ClientStats != nil && s.GetFailedAttempts() > 0 && (s.GetDead() > 0 || s.GetPending() > 0)
+}
 
-// clientStat is a client's deliveries over the last statsWindow: delivered, failing (an
-// event whose last attempt failed and is waiting for a retry), dead now, the p99 latency of
-// the attempts, and the last success.
-func (a *apiClient) clientStat(ctx context.Context, c *locksv1.Client, now time.Time) clientStat {
-	st := clientStat{ID: c.GetId(), Name: c.GetName(), URL: c.GetWebhookUrl()}
-	last := map[string]locksv1.DeliveryOutcome{}
-	var lat []time.Duration
-	tok := ""
-	for range maxScan {
-		res, err := a.history.ListClientDeliveries(ctx, &locksv1.ListClientDeliveriesRequest{ClientId: c.GetId(),
-			StartTime: timestamppb.New(now.Add(-statsWindow)), PageSize: 1000, PageToken: tok})
-		if err != nil {
-			st.Err = err.Error()
-			break
-		}
-		for _, d := range res.GetDeliveries() {
-			lat = append(lat, d.GetLatency().AsDuration())
-			last[d.GetEventId()] = d.GetOutcome()
-			if d.GetOutcome() == locksv1.DeliveryOutcome_DELIVERY_OUTCOME_DELIVERED {
-				st.LastSuccess = d.GetTime().AsTime()
-			}
-		}
-		if tok = res.GetNextPageToken(); tok == "" {
-			break
-		}
+// clientStat is a client's delivery statistics as GetClientStats serves them (the
+// deliveries the notifier keeps), and whether its endpoint is disabled and why.
+func (a *apiClient) clientStat(ctx context.Context, c *locksv1.Client) clientStat {
+	st := clientStat{ID: c.GetId(), Name: c.GetName(), URL: c.GetWebhookUrl(), DisabledReason: c.GetDisabledReason()}
+	if c.GetDisabledTime() != nil {
+		st.DisabledAt = c.GetDisabledTime().AsTime()
 	}
-	for _, o := range last {
-		switch o {
-		case locksv1.DeliveryOutcome_DELIVERY_OUTCOME_DELIVERED:
-			st.OK++
-		case locksv1.DeliveryOutcome_DELIVERY_OUTCOME_RETRY:
-			st.Failing++
-		}
+	res, err := a.controls.GetClientStats(ctx, &locksv1.GetClientStatsRequest{Id: c.GetId()})
+	if err != nil {
+		st.Err = errText(err)
+		return st
 	}
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		st.P99 = lat[(len(lat)*99+99)/100-1]
+	s := res.GetStats()
+	st.ClientStats = s
+	st.P99 = time.Duration(s.GetLatencyP99Ms() * float64(time.Millisecond)).Round(time.Millisecond / 10)
+	if s.GetLastSuccessTime() != nil {
+		st.LastSuccess = s.GetLastSuccessTime().AsTime()
 	}
-	dead, err := a.deadLetters(ctx, c.GetId())
-	if err != nil && st.Err == "" {
-		st.Err = err.Error()
+	// The statistics are read after the client: they say whether it is disabled now.
+	st.DisabledAt, st.DisabledReason = time.Time{}, s.GetDisabledReason()
+	if s.GetDisabledTime() != nil {
+		st.DisabledAt = s.GetDisabledTime().AsTime()
 	}
-	st.Dead = len(dead)
 	return st
 }
 
@@ -171,10 +157,14 @@ func (a *apiClient) deadLetters(ctx context.Context, clientID string) ([]*locksv
 	return out, nil
 }
 
-// resend sends one dead letter again, with the redrive call over a window that holds only its
-// dead time (the dead-letter store keeps microseconds).
-func (a *apiClient) resend(ctx context.Context, clientID string, deadTime time.Time) (int32, error) {
-	res, err := a.history.RedriveClientDeliveries(ctx, &locksv1.RedriveClientDeliveriesRequest{ClientId: clientID,
-		StartTime: timestamppb.New(deadTime), EndTime: timestamppb.New(deadTime.Add(time.Microsecond))})
-	return res.GetRedriven(), err
+// resend sends one delivery again (a dead letter), with a fresh schedule and the same webhook-id.
+func (a *apiClient) resend(ctx context.Context, clientID, eventID string) error {
+	_, err := a.controls.ResendDelivery(ctx, &locksv1.ResendDeliveryRequest{ClientId: clientID, EventId: eventID})
+	return err
+}
+
+// enable re-enables a client's endpoint: the deliveries that waited go out.
+func (a *apiClient) enable(ctx context.Context, clientID string) (*locksv1.Client, error) {
+	res, err := a.controls.EnableClient(ctx, &locksv1.EnableClientRequest{Id: clientID})
+	return res.GetClient(), err
 }

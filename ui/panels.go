@@ -68,11 +68,13 @@ func (u *UI) panel(w http.ResponseWriter, r *http.Request, ses session) {
 	case "clients":
 		var cs []*locksv1.Client
 		cs, err = u.api.listClients(ctx)
+		data["More"] = len(cs) > clientsShown
+		cs = cs[:min(len(cs), clientsShown)]
 		stats := make([]clientStat, 0, len(cs))
 		for _, c := range cs {
-			stats = append(stats, u.api.clientStat(ctx, c, now))
+			stats = append(stats, u.api.clientStat(ctx, c))
 		}
-		data["Clients"] = stats
+		data["Clients"], data["Shown"] = stats, clientsShown
 	case "dead":
 		data["Dead"], err = u.deadRows(ctx)
 	case "setaside":
@@ -134,21 +136,28 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// resend sends one dead letter again (the redrive call over its dead time).
+// resend sends one dead letter again (the resend call for that delivery alone).
 func (u *UI) resend(w http.ResponseWriter, r *http.Request, ses session) {
-	dead, err := time.Parse(time.RFC3339Nano, r.PostFormValue("dead_time"))
-	if err != nil {
-		u.render(w, http.StatusBadRequest, "result", map[string]any{"Error": "dead_time: " + err.Error()})
+	client, evt := r.PostFormValue("client_id"), r.PostFormValue("event_id")
+	if err := u.api.resend(as(r.Context(), ses), client, evt); err != nil {
+		u.render(w, http.StatusOK, "result", map[string]any{"Error": errText(err)})
 		return
 	}
+	u.log.Info("dashboard: dead letter resent", "client_id", client, "event_id", evt)
+	u.render(w, http.StatusOK, "result", map[string]any{"Msg": evt + " sent again to " + client})
+}
+
+// enable re-enables a disabled endpoint (the operator says it is fixed): its waiting
+// deliveries go out, and every notifier closes the client's circuit breaker.
+func (u *UI) enable(w http.ResponseWriter, r *http.Request, ses session) {
 	client := r.PostFormValue("client_id")
-	n, err := u.api.resend(as(r.Context(), ses), client, dead)
+	c, err := u.api.enable(as(r.Context(), ses), client)
 	if err != nil {
 		u.render(w, http.StatusOK, "result", map[string]any{"Error": errText(err)})
 		return
 	}
-	u.log.Info("dashboard: dead letter resent", "client_id", client, "dead_time", dead, "redriven", n)
-	u.render(w, http.StatusOK, "result", map[string]any{"Msg": fmt.Sprintf("%d delivery sent again to %s", n, client)})
+	u.log.Info("dashboard: endpoint re-enabled", "client_id", client)
+	u.render(w, http.StatusOK, "result", map[string]any{"Msg": c.GetName() + " (" + client + ") re-enabled"})
 }
 
 // rebuild starts a rebuild of the named projection in this process.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,6 +28,10 @@ const token = "ui-test-token-0123456789"
 // lostAfter is short so that the lost-list test is quick; a sensor is lost this long after
 // its last reading.
 const lostAfter = 3 * time.Second
+
+// disableAfter is short so that the auto-disable test is quick: an endpoint whose attempts
+// all failed this long is disabled.
+const disableAfter = 3 * time.Second
 
 // system is one whole `locks run` process (every part, embedded NATS) on the local
 // PostgreSQL, RabbitMQ and ClickHouse: the dashboard's tests run against the real thing.
@@ -63,7 +68,8 @@ func startSystem(t *testing.T) *system {
 		"LOCKS_API_TOKENS="+token, "LOCKS_PARTITIONS=2", "LOCKS_LOST_AFTER="+lostAfter.String(),
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms",
 		// Two quick attempts, then dead: the dead-letter test needs one soon.
-		"LOCKS_RETRY_SCHEDULE=100ms", "LOCKS_WEBHOOK_TIMEOUT=2s")
+		"LOCKS_RETRY_SCHEDULE=100ms", "LOCKS_WEBHOOK_TIMEOUT=2s",
+		"LOCKS_ENDPOINT_DISABLE_AFTER="+disableAfter.String())
 	s := &system{base: "http://" + httpAddr, rabbit: rabbit, log: &testenv.LogBuffer{}}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {
@@ -179,13 +185,51 @@ func (r *receiver) got(id string) bool {
 	return strings.Contains(strings.Join(r.delivered, " "), id)
 }
 
-func (r *receiver) firstFailed() string {
+// failedIDs are the webhook-ids answered 500, in order, once each.
+func (r *receiver) failedIDs() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.failed) == 0 {
-		return ""
+	var out []string
+	for _, id := range r.failed {
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
 	}
-	return r.failed[0]
+	return out
+}
+
+// deliveredIDs are the webhook-ids answered 2xx.
+func (r *receiver) deliveredIDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.delivered)
+}
+
+// waitFailed waits for the receiver's first failed attempt and returns its webhook-id.
+func (r *receiver) waitFailed(t *testing.T) string {
+	t.Helper()
+	var id string
+	testenv.Eventually(t, 30*time.Second, "a failed attempt at the receiver", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.failed) > 0 {
+			id = r.failed[0]
+		}
+		return id != ""
+	})
+	return id
+}
+
+// failingClient is a client whose receiver answers 500 for now, subscribed to new sensors.
+func (s *system) failingClient(t *testing.T, name string, sensors ...string) (*receiver, string) {
+	t.Helper()
+	rcv := newReceiver(t)
+	id := s.call(t, "POST", "/v1/clients", map[string]any{"name": name, "webhook_url": rcv.url})["id"].(string)
+	for _, sensor := range sensors {
+		s.call(t, "POST", "/v1/sensors", map[string]any{"id": sensor, "address": name + " door " + sensor})
+		s.call(t, "PUT", "/v1/sensors/"+sensor+"/clients/"+id, nil)
+	}
+	return rcv, id
 }
 
 // callMaybe is call for a GET that may answer 404 yet; nil then.

@@ -117,6 +117,7 @@ func New(cfg Config, d Deps) (*UI, error) {
 	mux.HandleFunc("GET /ui/{$}", u.get(u.dashboard))
 	mux.HandleFunc("GET /ui/panel/{name}", u.get(u.panel))
 	mux.HandleFunc("POST /ui/resend", u.post(u.resend))
+	mux.HandleFunc("POST /ui/enable", u.post(u.enable))
 	mux.HandleFunc("POST /ui/rebuild", u.post(u.rebuild))
 	u.handler = secure(mux)
 	return u, nil
