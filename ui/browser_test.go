@@ -2,6 +2,7 @@ package ui_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -172,6 +173,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		step(t, ctx, 30*time.Second, "the dead letter on the page", chromedp.WaitVisible(chromedp.CSS(row)))
 		step(t, ctx, 10*time.Second, "the failing client in the clients panel",
 			chromedp.WaitVisible(chromedp.CSS(`#clients tr[data-client="`+clientID+`"] td.bad`)))
+		alert := `#alerts tr.alert.%s[data-kind="dead_letter"][data-subject="client/` + clientID + `"]`
+		step(t, ctx, 30*time.Second, "the dead letter's alert firing on the page",
+			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(alert, "firing"))))
 		shot(t, ctx, dir, "dead-letter")
 		rcv.setFailing(false)
 		step(t, ctx, 10*time.Second, "resend clicked",
@@ -190,6 +194,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 		testenv.Eventually(t, 30*time.Second, "the resent delivery at the receiver", func() bool { return rcv.got(evt) })
 		step(t, ctx, 30*time.Second, "the dead letter gone from the page", chromedp.WaitNotPresent(chromedp.CSS(row)))
+		step(t, ctx, 30*time.Second, "the dead letter's alert resolved on the page",
+			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(alert, "resolved"))))
+		shot(t, ctx, dir, "alert-resolved")
 	})
 
 	t.Run("a failing endpoint is disabled and re-enabled from the page", func(t *testing.T) {

@@ -28,13 +28,14 @@ type apiClient struct {
 	setAside locksv1.SetAsideServiceClient
 	overview locksv1.OverviewServiceClient
 	controls locksv1.WebhookControlServiceClient
+	alerts   locksv1.AlertServiceClient
 }
 
 func newAPIClient(cc grpc.ClientConnInterface) *apiClient {
 	return &apiClient{clients: locksv1.NewClientServiceClient(cc), sensors: locksv1.NewSensorServiceClient(cc),
 		history: locksv1.NewHistoryServiceClient(cc), projs: locksv1.NewProjectionServiceClient(cc),
 		setAside: locksv1.NewSetAsideServiceClient(cc), overview: locksv1.NewOverviewServiceClient(cc),
-		controls: locksv1.NewWebhookControlServiceClient(cc)}
+		controls: locksv1.NewWebhookControlServiceClient(cc), alerts: locksv1.NewAlertServiceClient(cc)}
 }
 
 // as is ctx carrying the session's token, as a REST or gRPC client would send it.
@@ -167,4 +168,20 @@ func (a *apiClient) resend(ctx context.Context, clientID, eventID string) error 
 func (a *apiClient) enable(ctx context.Context, clientID string) (*locksv1.Client, error) {
 	res, err := a.controls.EnableClient(ctx, &locksv1.EnableClientRequest{Id: clientID})
 	return res.GetClient(), err
+}
+
+// alertsShown is how many alerts of each state the alerts panel shows.
+const alertsShown = 50
+
+// alertLists are the alerts firing now and the last resolved ones, newest first.
+func (a *apiClient) alertLists(ctx context.Context) (firing, resolved []*locksv1.Alert, err error) {
+	f, err := a.alerts.ListAlerts(ctx, &locksv1.ListAlertsRequest{State: locksv1.AlertState_ALERT_STATE_FIRING, PageSize: alertsShown})
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := a.alerts.ListAlerts(ctx, &locksv1.ListAlertsRequest{State: locksv1.AlertState_ALERT_STATE_RESOLVED, PageSize: alertsShown})
+	if err != nil {
+		return f.GetAlerts(), nil, err
+	}
+	return f.GetAlerts(), r.GetAlerts(), nil
 }

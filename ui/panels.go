@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/status"
@@ -37,6 +38,24 @@ var funcs = template.FuncMap{
 		return fmt.Sprintf("%.0f%%", 100*float64(done)/float64(total))
 	},
 	"stale": func(p procs.Info) bool { return p.Stale(time.Now()) },
+	// sent says which channels accepted the notices of an alert's event ("firing", "resolved").
+	"sent": func(a *locksv1.Alert, event string) string {
+		var out []string
+		for _, n := range a.GetNotices() {
+			if n.GetEvent() != event {
+				continue
+			}
+			if n.GetSentTime() != nil {
+				out = append(out, n.GetChannel()+" sent")
+			} else {
+				out = append(out, fmt.Sprintf("%s waiting (%d attempts)", n.GetChannel(), n.GetAttempts()))
+			}
+		}
+		if len(out) == 0 {
+			return "no channel configured"
+		}
+		return strings.Join(out, ", ")
+	},
 	"phase": func(p locksv1.RebuildPhase) string { return p.String()[len("REBUILD_PHASE_"):] },
 }
 
@@ -86,7 +105,7 @@ func (u *UI) panel(w http.ResponseWriter, r *http.Request, ses session) {
 		res, err = u.api.projs.ListProjections(ctx, &locksv1.ListProjectionsRequest{})
 		data["Projections"] = res.GetProjections()
 	case "alerts":
-		// Hook for the alerts list (GET /v1/alerts, being added): the template says so and shows no data.
+		data["Firing"], data["Resolved"], err = u.api.alertLists(ctx)
 	case "processes":
 		data["Processes"], err = procs.List(ctx, u.js)
 	case "logs":

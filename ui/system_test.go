@@ -68,7 +68,7 @@ func startSystem(t *testing.T) *system {
 		"LOCKS_API_TOKENS="+token, "LOCKS_PARTITIONS=2", "LOCKS_LOST_AFTER="+lostAfter.String(),
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms",
 		// Two quick attempts, then dead: the dead-letter test needs one soon.
-		"LOCKS_RETRY_SCHEDULE=100ms", "LOCKS_WEBHOOK_TIMEOUT=2s",
+		"LOCKS_RETRY_SCHEDULE=100ms", "LOCKS_WEBHOOK_TIMEOUT=2s", "LOCKS_ALERT_INTERVAL=1s",
 		"LOCKS_ENDPOINT_DISABLE_AFTER="+disableAfter.String())
 	s := &system{base: "http://" + httpAddr, rabbit: rabbit, log: &testenv.LogBuffer{}}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
