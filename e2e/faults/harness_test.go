@@ -78,6 +78,7 @@ func bins(t testing.TB) (string, string) {
 // servers are where a run's databases and queue are.
 type servers struct {
 	pgURL, chAddr, amqpURL, queue string
+	chDB                          string // the ClickHouse database; a fresh one of the test's when empty
 }
 
 // localServers are the machine's shared servers, with a database and queue of t's own.
@@ -127,8 +128,11 @@ type sample struct {
 // leases, webhooks to private addresses allowed and retried soon, a ClickHouse database of tb's.
 func clusterConfig(tb testing.TB, srv servers, out *testenv.LogBuffer, extraEnv ...string) cluster.Config {
 	locks, node := bins(tb)
-	chDB := testenv.Name("locks_faults")
-	tb.Cleanup(func() { testenv.DropClickHouseDatabase(tb, chDB) })
+	chDB := srv.chDB
+	if chDB == "" {
+		chDB = testenv.Name("locks_faults")
+		tb.Cleanup(func() { testenv.DropClickHouseDatabase(tb, chDB) })
+	}
 	return cluster.Config{
 		Dir: tb.TempDir(), LocksBin: locks, NodeBin: node, Accounts: cluster.Accounts(repoRoot), Out: out,
 		// As TestClusterSmoke: fsync every second, not every write, on a shared 2-core machine.
