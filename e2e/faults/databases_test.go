@@ -62,7 +62,16 @@ func TestFaultClickHouseRestarted(t *testing.T) {
 	for got = historyReadings(t, ch.Addr); got < want && time.Now().Before(deadline); got = historyReadings(t, ch.Addr) {
 		time.Sleep(time.Second)
 	}
-	t.Logf("history: %d distinct readings in ClickHouse, %d valid published", got, want)
+	var failed, written float64
+	for _, p := range r.c.Of("history") {
+		failed += metric(p, "locks_history_insert_errors_total")
+		written += metric(p, "locks_history_rows_written_total")
+	}
+	t.Logf("history: %d distinct readings in ClickHouse, %d valid published; %.0f rows written, %.0f INSERTs failed and retried",
+		got, want, written, failed)
+	if failed < 1 {
+		t.Error("no INSERT of the history projectors failed: the kill missed them and the scenario shows nothing")
+	}
 	if got != want {
 		t.Errorf("history has %d readings, the books %d: %d lost", got, want, int64(want)-int64(got))
 	}
