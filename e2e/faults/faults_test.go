@@ -179,8 +179,9 @@ func TestFaultStateProcessKilled(t *testing.T) {
 }
 
 // killTakenOver SIGKILLs the first process of part once both own partitions, fails the test
-// unless the other owns all of them within 10 s, and returns the partitions the killed one owned.
-func (r *run) killTakenOver(part string) []int {
+// unless the other owns all of them within 10 s, and returns the partitions the killed one
+// owned and when the other owned them all.
+func (r *run) killTakenOver(part string) ([]int, time.Time) {
 	t := r.t
 	victim := r.victim(part)
 	pid := victim.Cmd.Process.Pid
@@ -207,7 +208,7 @@ func (r *run) killTakenOver(part string) []int {
 	if took > 10*time.Second {
 		t.Errorf("takeover took %s, want within 10 s", took)
 	}
-	return had
+	return had, at.Add(took)
 }
 
 // SIGSTOP a state process past its lease, then SIGCONT: it commits nothing for the

@@ -17,7 +17,7 @@ func TestFaultNotifierProcessKilled(t *testing.T) {
 	requireFaults(t)
 	r := startRun(t, localServers(t), 60*time.Second)
 	r.duplicatesOK = true
-	had := r.killTakenOver("notifier")
+	had, _ := r.killTakenOver("notifier")
 	res := r.finish()
 	t.Logf("notifier killed with partitions %v: %d webhooks received twice with one webhook-id", had, res.duplicates)
 }
@@ -30,15 +30,20 @@ func TestFaultNotifierProcessKilled(t *testing.T) {
 func TestFaultWatchdogProcessKilled(t *testing.T) {
 	requireFaults(t)
 	r := startLoad(t, localServers(t), load{dur: 60 * time.Second, silentRatio: 0.1, lostAfter: 45 * time.Second})
-	had := r.killTakenOver("watchdog")
+	had, takenOver := r.killTakenOver("watchdog")
 	res := r.finish()
+	lostAt := r.rcv.Tally().LostAt
 	theirs := 0
 	for _, id := range res.books.Silent {
-		if slices.Contains(had, partition.Of(id, partitions)) {
-			theirs++
+		if !slices.Contains(had, partition.Of(id, partitions)) {
+			continue
+		}
+		theirs++
+		if lostAt[id].Before(takenOver) {
+			t.Errorf("silent sensor %s was declared lost at %v, before the takeover (%v): the scenario shows nothing of it", id, lostAt[id], takenOver)
 		}
 	}
-	t.Logf("watchdog killed with partitions %v: %d of the %d silent sensors were theirs, each declared lost once", had, theirs, len(res.books.Silent))
+	t.Logf("watchdog killed with partitions %v: %d of the %d silent sensors were theirs, each declared lost once, after the takeover", had, theirs, len(res.books.Silent))
 	if theirs == 0 {
 		t.Error("no silent sensor in the killed watchdog's partitions: the scenario shows nothing of the takeover")
 	}
