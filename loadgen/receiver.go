@@ -33,7 +33,9 @@ type Receiver struct {
 	byType     map[string]int64
 	lost       map[string]int64 // sensor → connection_lost count
 	lostAt     map[string]time.Time
-	latencies  []time.Duration // state_changed: receipt − occurred_at
+	latencies  []time.Duration  // state_changed: receipt − occurred_at
+	revision   map[string]int64 // sensor → highest revision received
+	outOfOrder int64
 }
 
 // NewReceiver listens on addr (e.g. 127.0.0.1:0).
@@ -42,7 +44,7 @@ func NewReceiver(addr string) (*Receiver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loadgen receiver: %w", err)
 	}
-	r := &Receiver{ln: ln, seen: map[string]bool{}, byType: map[string]int64{}, lost: map[string]int64{}, lostAt: map[string]time.Time{}}
+	r := &Receiver{ln: ln, seen: map[string]bool{}, byType: map[string]int64{}, lost: map[string]int64{}, lostAt: map[string]time.Time{}, revision: map[string]int64{}}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = r.srv.Serve(ln) }()
 	return r, nil
@@ -80,6 +82,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		Sensor     struct {
 			ID string `json:"id"`
 		} `json:"sensor"`
+		Revision int64 `json:"revision"`
 	}
 	_ = json.Unmarshal(body, &p)
 	r.mu.Lock()
@@ -103,6 +106,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	r.seen[id] = true
 	r.byType[p.Type]++
+	// The contract: never an older revision of a sensor after a newer one (supersede).
+	if p.Revision < r.revision[p.Sensor.ID] {
+		r.outOfOrder++
+	}
+	r.revision[p.Sensor.ID] = max(r.revision[p.Sensor.ID], p.Revision)
 	switch p.Type {
 	case "sensor.connection_lost":
 		r.lost[p.Sensor.ID]++
@@ -122,6 +130,8 @@ type Tally struct {
 	Received   int64                // distinct webhooks, correctly signed
 	Duplicates int64
 	BadSig     int64
+	// OutOfOrder counts webhooks whose revision is below one already received for their sensor.
+	OutOfOrder int64
 	// P50, P95, P99 of publish → webhook receipt for state_changed.
 	P50, P95, P99 time.Duration
 }
@@ -137,7 +147,7 @@ func (r *Receiver) Seen(id string) bool {
 func (r *Receiver) Tally() Tally {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig, Received: int64(len(r.seen))}
+	t := Tally{ByType: map[string]int64{}, Lost: map[string]int64{}, LostAt: map[string]time.Time{}, Duplicates: r.duplicates, BadSig: r.badSig, OutOfOrder: r.outOfOrder, Received: int64(len(r.seen))}
 	for k, v := range r.lostAt {
 		t.LostAt[k] = v
 	}

@@ -5,6 +5,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 )
 
 // Defaults of Config.
@@ -31,6 +34,8 @@ const (
 	PartitionsDefault = "split"
 	// ReadyWithinDefault bounds the wait for every process's /readyz.
 	ReadyWithinDefault = 2 * time.Minute
+	// migrateWithin bounds the retries of `locks migrate` while the NATS cluster forms.
+	migrateWithin = 30 * time.Second
 )
 
 // PartsDefault are the parts of `locks run --targets`.
@@ -205,10 +210,22 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	// Migrations once, before any part: the parts' own start-up migration then finds nothing to do.
 	// As admin, it also declares the NATS streams and buckets, which the parts' users may not.
-	mig := exec.CommandContext(ctx, c.cfg.LocksBin, "migrate")
-	mig.Env = append(c.cfg.env(), "LOCKS_NATS_URL="+natsURL(c.nodes, AdminUser, c.passwords[AdminUser]))
-	if out, err := mig.CombinedOutput(); err != nil {
-		return fmt.Errorf("locks migrate: %w: %s", err, out)
+	// A node answers /healthz before the meta leader counts it as a peer, so an R3 stream may
+	// find "no suitable peers" for a moment: migrate again until migrateWithin.
+	retry := backoff.New(250*time.Millisecond, 2*time.Second)
+	for deadline := time.Now().Add(migrateWithin); ; {
+		mig := exec.CommandContext(ctx, c.cfg.LocksBin, "migrate")
+		mig.Env = append(c.cfg.env(), "LOCKS_NATS_URL="+natsURL(c.nodes, AdminUser, c.passwords[AdminUser]))
+		out, err := mig.CombinedOutput()
+		if err == nil {
+			break
+		}
+		if !bytes.Contains(out, []byte("no suitable peers")) || time.Now().After(deadline) {
+			return fmt.Errorf("locks migrate: %w: %s", err, out)
+		}
+		if !retry.Wait(ctx) {
+			return ctx.Err()
+		}
 	}
 	k := 0
 	for _, name := range c.cfg.Parts {

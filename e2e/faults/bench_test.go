@@ -84,7 +84,7 @@ func BenchmarkClusterIngest(b *testing.B) {
 		ingest(b, srv, dur, urls)
 
 		// Takeover: both state processes own partitions, one is killed.
-		testenv.Eventually(b, time.Minute, "both state processes to own partitions", func() bool { return bothOwn(c) })
+		testenv.Eventually(b, time.Minute, "both state processes to own partitions", func() bool { return bothOwn(c, "state") })
 		pg, err := pgxpool.New(b.Context(), srv.pgURL)
 		if err != nil {
 			b.Fatal(err)
@@ -95,7 +95,7 @@ func BenchmarkClusterIngest(b *testing.B) {
 		if err := victim.Signal(syscall.SIGKILL); err != nil {
 			b.Fatal(err)
 		}
-		took, err := takeover(b.Context(), pg, victim.Cmd.Process.Pid, at, time.Minute)
+		took, err := takeover(b.Context(), pg, "state", victim.Cmd.Process.Pid, at, time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -108,9 +109,9 @@ func connectedUsers(t *testing.T, monitor string) map[string]int {
 	return users
 }
 
-// owners reads who owns each state partition in the fence.
-func owners(ctx context.Context, pg *pgxpool.Pool) (map[int]string, error) {
-	rows, err := pg.Query(ctx, "SELECT partition, owner FROM partition_owners WHERE projection = 'state'")
+// owners reads who owns each partition of part (state, notifier, watchdog) in the fence.
+func owners(ctx context.Context, pg *pgxpool.Pool, part string) (map[int]string, error) {
+	rows, err := pg.Query(ctx, "SELECT partition, owner FROM partition_owners WHERE projection = $1", part)
 	if err != nil {
 		return nil, err
 	}
@@ -125,9 +126,9 @@ func owners(ctx context.Context, pg *pgxpool.Pool) (map[int]string, error) {
 // host-pid-random).
 func ownedBy(owner string, pid int) bool { return strings.Contains(owner, fmt.Sprintf("-%d-", pid)) }
 
-// bothOwn says whether each state process owns partitions.
-func bothOwn(c *cluster.Cluster) bool {
-	for _, p := range c.Of("state") {
+// bothOwn says whether each process of part owns partitions.
+func bothOwn(c *cluster.Cluster, part string) bool {
+	for _, p := range c.Of(part) {
 		if metric(p, "locks_lease_partitions") < 1 {
 			return false
 		}
@@ -135,11 +136,11 @@ func bothOwn(c *cluster.Cluster) bool {
 	return true
 }
 
-// takeover polls the fence until every partition has an owner and none is the process with
-// pid, and returns how long that took from since.
-func takeover(ctx context.Context, pg *pgxpool.Pool, pid int, since time.Time, within time.Duration) (time.Duration, error) {
+// takeover polls the fence of part until every partition has an owner and none is the
+// process with pid, and returns how long that took from since.
+func takeover(ctx context.Context, pg *pgxpool.Pool, part string, pid int, since time.Time, within time.Duration) (time.Duration, error) {
 	for {
-		m, err := owners(ctx, pg)
+		m, err := owners(ctx, pg, part)
 		if err == nil && len(m) == partitions {
 			left := 0
 			for _, o := range m {
@@ -160,35 +161,54 @@ func takeover(ctx context.Context, pg *pgxpool.Pool, pid int, since time.Time, w
 	}
 }
 
-// stateVictim waits until both state processes own partitions and returns the first.
-func (r *run) stateVictim() *cluster.Part {
+// victim waits until both processes of part own partitions and returns the first.
+func (r *run) victim(part string) *cluster.Part {
 	r.warm()
-	testenv.Eventually(r.t, time.Minute, "both state processes to own partitions", func() bool {
-		return bothOwn(r.c)
+	testenv.Eventually(r.t, time.Minute, "both "+part+" processes to own partitions", func() bool {
+		return bothOwn(r.c, part)
 	})
-	return r.c.Of("state")[0]
+	return r.c.Of(part)[0]
 }
 
 // SIGKILL one of the two state processes: the other takes its partitions within 10 s.
 func TestFaultStateProcessKilled(t *testing.T) {
 	requireFaults(t)
 	r := startRun(t, localServers(t), 60*time.Second)
-	victim := r.stateVictim()
+	r.killTakenOver("state")
+	r.finish()
+}
+
+// killTakenOver SIGKILLs the first process of part once both own partitions, fails the test
+// unless the other owns all of them within 10 s, and returns the partitions the killed one
+// owned and when the other owned them all.
+func (r *run) killTakenOver(part string) ([]int, time.Time) {
+	t := r.t
+	victim := r.victim(part)
 	pid := victim.Cmd.Process.Pid
-	had := metric(victim, "locks_lease_partitions")
+	m, err := owners(t.Context(), r.pg, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var had []int
+	for p, o := range m {
+		if ownedBy(o, pid) {
+			had = append(had, p)
+		}
+	}
+	slices.Sort(had)
 	at := time.Now()
 	if err := victim.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
+	took, err := takeover(t.Context(), r.pg, part, pid, at, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("SIGKILL %s (owned %v partitions): taken over in %s (LOCKS_LEASE_TTL %s)", victim.Name, had, took.Round(10*time.Millisecond), lease.TTLDefault)
+	t.Logf("SIGKILL %s (owned partitions %v): taken over in %s (LOCKS_LEASE_TTL %s)", victim.Name, had, took.Round(10*time.Millisecond), lease.TTLDefault)
 	if took > 10*time.Second {
 		t.Errorf("takeover took %s, want within 10 s", took)
 	}
-	r.finish()
+	return had, at.Add(took)
 }
 
 // SIGSTOP a state process past its lease, then SIGCONT: it commits nothing for the
@@ -218,14 +238,14 @@ func TestFaultStateProcessPaused(t *testing.T) {
 			FOR EACH ROW WHEN (NEW.projection = 'state') EXECUTE FUNCTION log_partition_claim();`); err != nil {
 		t.Fatal(err)
 	}
-	victim := r.stateVictim()
+	victim := r.victim("state")
 	pid := victim.Cmd.Process.Pid
 	lost0 := metric(victim, "locks_lease_lost_total")
 	at := time.Now()
 	if err := victim.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	took, err := takeover(t.Context(), r.pg, pid, at, 30*time.Second)
+	took, err := takeover(t.Context(), r.pg, "state", pid, at, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

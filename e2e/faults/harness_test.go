@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -77,6 +78,7 @@ func bins(t testing.TB) (string, string) {
 // servers are where a run's databases and queue are.
 type servers struct {
 	pgURL, chAddr, amqpURL, queue string
+	chDB                          string // the ClickHouse database; a fresh one of the test's when empty
 }
 
 // localServers are the machine's shared servers, with a database and queue of t's own.
@@ -98,6 +100,13 @@ type run struct {
 	books chan booksResult
 	// checkStalls fails the run on a stall over maxStall (true unless a scenario pauses the load).
 	checkStalls bool
+	// duplicatesOK counts webhooks received twice with one webhook-id instead of failing on
+	// them: only where a process dies with a webhook in flight.
+	duplicatesOK bool
+	// lostAfter is LOCKS_LOST_AFTER; silent says the load has sensors that go silent, each of
+	// which must be declared lost exactly once before finish returns.
+	lostAfter time.Duration
+	silent    bool
 
 	mu      sync.Mutex
 	samples []sample
@@ -119,8 +128,11 @@ type sample struct {
 // leases, webhooks to private addresses allowed and retried soon, a ClickHouse database of tb's.
 func clusterConfig(tb testing.TB, srv servers, out *testenv.LogBuffer, extraEnv ...string) cluster.Config {
 	locks, node := bins(tb)
-	chDB := testenv.Name("locks_faults")
-	tb.Cleanup(func() { testenv.DropClickHouseDatabase(tb, chDB) })
+	chDB := srv.chDB
+	if chDB == "" {
+		chDB = testenv.Name("locks_faults")
+		tb.Cleanup(func() { testenv.DropClickHouseDatabase(tb, chDB) })
+	}
 	return cluster.Config{
 		Dir: tb.TempDir(), LocksBin: locks, NodeBin: node, Accounts: cluster.Accounts(repoRoot), Out: out,
 		// As TestClusterSmoke: fsync every second, not every write, on a shared 2-core machine.
@@ -138,7 +150,23 @@ func clusterConfig(tb testing.TB, srv servers, out *testenv.LogBuffer, extraEnv 
 // startRun starts the cluster (R3 streams, state sharing partitions by leases), registers
 // the fleet with a webhook receiver, starts the load for dur and samples every second.
 func startRun(t *testing.T, srv servers, dur time.Duration, extraEnv ...string) *run {
-	r := &run{t: t, out: &testenv.LogBuffer{}, srv: srv, books: make(chan booksResult, 1), checkStalls: true}
+	return startLoad(t, srv, load{dur: dur, env: extraEnv})
+}
+
+// load is what a scenario runs: the load's duration, the share of its sensors that send one
+// reading and then fall silent, LOCKS_LOST_AFTER (1 h when zero) and more LOCKS_* for the parts.
+type load struct {
+	dur         time.Duration
+	silentRatio float64
+	lostAfter   time.Duration
+	env         []string
+}
+
+// startLoad is startRun with a load of the scenario's own.
+func startLoad(t *testing.T, srv servers, l load) *run {
+	r := &run{t: t, out: &testenv.LogBuffer{}, srv: srv, books: make(chan booksResult, 1), checkStalls: true,
+		lostAfter: cmp.Or(l.lostAfter, time.Hour), silent: l.silentRatio > 0}
+	extraEnv := append(slices.Clone(l.env), "LOCKS_LOST_AFTER="+r.lostAfter.String())
 	c, err := cluster.Start(t.Context(), clusterConfig(t, srv, r.out, extraEnv...))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, r.out.String())
@@ -183,7 +211,7 @@ func startRun(t *testing.T, srv servers, dur time.Duration, extraEnv ...string) 
 	go func() { defer close(sampled); r.sample(ctx) }()
 	go func() {
 		b, err := loadgen.Run(t.Context(), loadgen.Config{AMQPURL: srv.amqpURL, Queue: srv.queue, Sensors: sensors, Rate: rate,
-			ChangeRatio: 0.2, Duration: dur, Prefix: "fa", Seed: 15}, nil, testenv.Logger(t))
+			ChangeRatio: 0.2, SilentRatio: l.silentRatio, Duration: l.dur, Prefix: "fa", Seed: 15}, nil, testenv.Logger(t))
 		r.books <- booksResult{b, err}
 	}()
 	return r
@@ -229,6 +257,7 @@ type result struct {
 	books                  loadgen.Books
 	stateStall, hooksStall time.Duration
 	events                 int
+	duplicates             int64 // webhooks received again with the same webhook-id
 }
 
 // finish waits for the load to end and the system to catch up, then checks the books (every
@@ -250,7 +279,13 @@ func (r *run) finish() result {
 	caught := func() bool {
 		var err error
 		rec, err = r.rec.Read(t.Context())
-		return err == nil && rec.Recorded+rec.Invalid >= b.Published && r.rcv.Tally().ByType["sensor.state_changed"] >= b.Changes
+		tally := r.rcv.Tally()
+		for _, id := range b.Silent {
+			if r.silent && tally.Lost[id] == 0 {
+				return false
+			}
+		}
+		return err == nil && rec.Recorded+rec.Invalid >= b.Published && tally.ByType["sensor.state_changed"] >= b.Changes
 	}
 	deadline := time.Now().Add(settle)
 	for !caught() && time.Now().Before(deadline) {
@@ -266,14 +301,22 @@ func (r *run) finish() result {
 	for _, p := range loadgen.Balance(b, rec) {
 		t.Errorf("books: %s", p)
 	}
-	// LOCKS_LOST_AFTER stays at 1 h: any connection_lost during the run is a false alarm.
-	if problems := loadgen.Check(b, tally, time.Hour, false); len(problems) > 0 {
+	// A connection_lost of a sensor still fed is a false alarm; with silent sensors, each of
+	// them is lost exactly once.
+	problems := loadgen.Check(b, tally, r.lostAfter, r.silent)
+	if r.duplicatesOK {
+		problems = slices.DeleteFunc(problems, func(p string) bool { return strings.HasSuffix(p, "duplicate deliveries (same webhook-id)") })
+	}
+	if tally.OutOfOrder > 0 {
+		problems = append(problems, fmt.Sprintf("%d webhooks of a revision older than one already received for their sensor", tally.OutOfOrder))
+	}
+	if len(problems) > 0 {
 		for _, p := range problems {
 			t.Errorf("webhooks: %s", p)
 		}
 		r.explainMissing()
 	}
-	res := result{books: b}
+	res := result{books: b, duplicates: tally.Duplicates}
 	res.stateStall, res.hooksStall = r.stalls(b.End)
 	if r.checkStalls && res.stateStall > maxStall {
 		t.Errorf("committed readings stood still for %s (> %s)", res.stateStall.Round(time.Millisecond), maxStall)
@@ -283,8 +326,9 @@ func (r *run) finish() result {
 	}
 	r.checkOrder()
 	res.events = r.checkRevisions()
-	t.Logf("published %d (invalid %d), recorded %d, changes %d, webhooks %d, events %d; longest stall: committed %s, webhooks %s",
-		b.Published, b.Invalid, rec.Recorded, b.Changes, tally.Received, res.events, res.stateStall.Round(time.Second), res.hooksStall.Round(time.Second))
+	t.Logf("published %d (invalid %d), recorded %d, changes %d, webhooks %d (duplicates %d, lost %d of %d silent sensors), events %d; longest stall: committed %s, webhooks %s",
+		b.Published, b.Invalid, rec.Recorded, b.Changes, tally.Received, tally.Duplicates, tally.ByType["sensor.connection_lost"], len(b.Silent),
+		res.events, res.stateStall.Round(time.Second), res.hooksStall.Round(time.Second))
 	return res
 }
 

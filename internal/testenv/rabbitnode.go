@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,12 +16,10 @@ import (
 // RabbitNode is a private RabbitMQ node (own name, ports, data and log dirs, no plugins),
 // so a test may kill and restart it without touching the shared server.
 type RabbitNode struct {
-	t    testing.TB
-	dir  string
+	privateServer
 	name string
 	port int
 	dist int
-	cmd  *exec.Cmd
 	URL  string
 }
 
@@ -38,14 +35,9 @@ const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 // PrivateRabbitMQ starts a RabbitMQ node of t's own, killed and removed at the end of the test.
 func PrivateRabbitMQ(t testing.TB) *RabbitNode {
 	t.Helper()
-	if _, err := os.Stat(rabbitServer); err != nil {
-		t.Fatalf("%s not found (%v): install the rabbitmq-server Debian package (`go tool task test` does)", rabbitServer, err)
-	}
-	dir, err := os.MkdirTemp("", "locks-test-rabbit-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := &RabbitNode{t: t, dir: dir, port: freePort(t), dist: freePort(t)}
+	needBinary(t, rabbitServer, "rabbitmq-server")
+	dir := privateDir(t, "locks-test-rabbit-")
+	n := &RabbitNode{privateServer: privateServer{t: t, dir: dir}, port: freePort(t), dist: freePort(t)}
 	n.name = "lockstest" + strconv.Itoa(n.port) + "@localhost"
 	n.URL = fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.port)
 	for _, d := range []string{"home", "mnesia", "log"} {
@@ -60,6 +52,7 @@ func PrivateRabbitMQ(t testing.TB) *RabbitNode {
 	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	n.start = n.Start
 	t.Cleanup(func() {
 		n.Kill()
 		_ = os.RemoveAll(dir)
@@ -83,44 +76,11 @@ func (n *RabbitNode) Start() {
 		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(n.dir, "enabled_plugins"),
 		"RABBITMQ_PID_FILE="+filepath.Join(n.dir, "pid"),
 	)
-	out, err := os.Create(filepath.Join(n.dir, "server.out"))
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		n.t.Fatalf("start private RabbitMQ: %v", err)
-	}
-	n.cmd = cmd
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	n.proc = startPrivate(n.t, "private RabbitMQ node "+n.name, n.dir, cmd, 90*time.Second, func() error {
 		c, err := amqp.Dial(n.URL)
 		if err == nil {
 			_ = c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(n.dir, "server.out"))
-			n.t.Fatalf("private RabbitMQ node %s not ready within 90s: %v\n%s", n.name, err, b)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// Kill stops the node as a crash would (SIGKILL to its whole process group).
-func (n *RabbitNode) Kill() {
-	if n.cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
-	_ = n.cmd.Wait()
-	n.cmd = nil
-}
-
-// Restart kills the node and starts it again on the same data.
-func (n *RabbitNode) Restart() {
-	n.t.Helper()
-	n.Kill()
-	n.Start()
+		return err
+	})
 }
