@@ -193,7 +193,7 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 		return nil
 	}
 	for p, h := range a.held {
-		rev, err := a.kv.Update(rctx, partitionKey(p), []byte(a.cfg.Owner), h.rev)
+		rev, err := a.renewKey(rctx, p, h.rev)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
 			a.log.Warn("lease taken by another process; partition stopped", "partition", p, "err", err)
@@ -243,6 +243,24 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 	}
 	a.owned.Set(float64(len(a.held)))
 	return nil
+}
+
+// renewKey writes partition p's lease again over revision rev, the last this process wrote.
+// A mismatch whose value still names this owner is its own earlier renewal, which reached the
+// server after the client had given up waiting for the answer: only this process writes its
+// owner id, so the lease is still its own and is written once more over that revision.
+func (a *Assigner) renewKey(ctx context.Context, p int, rev uint64) (uint64, error) {
+	key := partitionKey(p)
+	n, err := a.kv.Update(ctx, key, []byte(a.cfg.Owner), rev)
+	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return n, err
+	}
+	e, gerr := a.kv.Get(ctx, key)
+	if gerr != nil || string(e.Value()) != a.cfg.Owner || e.Revision() <= rev {
+		return 0, err
+	}
+	a.log.Info("a renewal that timed out had reached the server: the lease is still this process's", "partition", p)
+	return a.kv.Update(ctx, key, []byte(a.cfg.Owner), e.Revision())
 }
 
 // snapshot counts the live members (this one included) and the partitions with a lease.
