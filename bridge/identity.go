@@ -38,8 +38,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
@@ -281,6 +283,7 @@ func (s *session) candidates(ctx context.Context, sensor string, since time.Time
 	}()
 	pending := int(cons.CachedInfo().NumPending)
 	var out []candidate
+	noResponders := 0
 	for pending > 0 {
 		batch, err := cons.Fetch(min(pending, 500), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
@@ -305,7 +308,17 @@ func (s *session) candidates(ctx context.Context, sensor string, since time.Time
 			}
 			out = append(out, candidate{origin: l.Origin, identity: l.MessageID, unacked: tag > r.Acked})
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		err = batch.Error()
+		// In a cluster the new consumer may live on a server whose interest has not reached
+		// the one this connection is on yet: its first pulls find no responder for a moment.
+		if got == 0 && errors.Is(err, nats.ErrNoResponders) && noResponders < 10 {
+			noResponders++
+			if !backoff.Sleep(ctx, time.Duration(noResponders)*50*time.Millisecond) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, fmt.Errorf("read sensor %s's recent readings: %w", sensor, err)
 		}
 		if got == 0 {
