@@ -2,11 +2,13 @@ package watchdog
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -27,8 +29,16 @@ func TestWrittenPruned(t *testing.T) {
 	for i := range churned {
 		s := fmt.Sprintf("churn%d", i)
 		b, _ := json.Marshal(event.Log{V: event.Version, Kind: event.KindReading, SensorID: s, Data: 1, Time: received, ReceivedTime: received, MessageID: s})
-		if _, err := e.nats.JS.PublishMsgAsync(&nats.Msg{Subject: natsx.ReadingsSubject(s), Data: b}); err != nil {
-			t.Fatal(err)
+		for {
+			_, err := e.nats.JS.PublishMsgAsync(&nats.Msg{Subject: natsx.ReadingsSubject(s), Data: b})
+			if err == nil {
+				break
+			}
+			// On a loaded machine the window of unacknowledged appends fills: wait for it.
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				t.Fatal(err)
+			}
+			<-e.nats.JS.PublishAsyncComplete()
 		}
 	}
 	select {
