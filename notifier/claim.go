@@ -19,6 +19,8 @@ type claimed struct {
 	payload     []byte
 	attempts    int
 	attemptBase int
+	// leasedAt is this process's time just before the claim: the lease ends after it.
+	leasedAt time.Time
 	// From the registry at claim time; url is empty when the client no longer exists.
 	url        string
 	secrets    Secrets
@@ -62,6 +64,7 @@ type capacity struct {
 // the UPDATE itself.
 func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
+	leasedAt := time.Now()
 	// A nil slice is SQL NULL, and x = ANY(NULL) is never false.
 	busy, fc, fr := c.busy, c.freeClient, c.free
 	if busy == nil {
@@ -113,7 +116,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		}
 		defer rows.Close()
 		for rows.Next() {
-			c := claimed{token: token}
+			c := claimed{token: token, leasedAt: leasedAt}
 			if err := rows.Scan(&c.id, &c.eventID, &c.clientID, &c.sensorID, &c.revision, &c.payload, &c.attempts,
 				&c.attemptBase, &c.url, &c.secrets.Current, &c.secrets.Previous, &c.secrets.PreviousUntil, &c.address, &c.subscribed); err != nil {
 				return err
