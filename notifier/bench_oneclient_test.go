@@ -198,26 +198,31 @@ func (r *booksReceiver) check(b testing.TB, evs []event.Event) {
 // state is already at or past their revisions).
 func publishEvents(b testing.TB, js jetstream.JetStream, evs []event.Event) {
 	b.Helper()
-	futs := make([]jetstream.PubAckFuture, 0, len(evs))
-	for _, ev := range evs {
-		d, err := json.Marshal(ev)
-		if err != nil {
-			b.Fatal(err)
+	// In chunks: nats.go stalls beyond its limit of outstanding asynchronous publishes.
+	for len(evs) > 0 {
+		chunk := evs[:min(len(evs), 1000)]
+		evs = evs[len(chunk):]
+		futs := make([]jetstream.PubAckFuture, 0, len(chunk))
+		for _, ev := range chunk {
+			d, err := json.Marshal(ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			f, err := js.PublishMsgAsync(&nats.Msg{Subject: natsx.EventsSubject(partition.Of(ev.SensorID, testPartitions), ev.SensorID), Data: d},
+				jetstream.WithMsgID(ev.ID))
+			if err != nil {
+				b.Fatal(err)
+			}
+			futs = append(futs, f)
 		}
-		f, err := js.PublishMsgAsync(&nats.Msg{Subject: natsx.EventsSubject(partition.Of(ev.SensorID, testPartitions), ev.SensorID), Data: d},
-			jetstream.WithMsgID(ev.ID))
-		if err != nil {
-			b.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
-	for _, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			b.Fatal(err)
-		case <-time.After(30 * time.Second):
-			b.Fatal("EVENTS publish not acknowledged")
+		for _, f := range futs {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				b.Fatal(err)
+			case <-time.After(30 * time.Second):
+				b.Fatal("EVENTS publish not acknowledged")
+			}
 		}
 	}
 }
@@ -248,10 +253,30 @@ func (t tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 }
 
 func (t tripCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	k, ok := ctx.Value(tripStart{}).(tripKey)
-	if !ok {
-		return
+	if k, ok := ctx.Value(tripStart{}).(tripKey); ok {
+		t.record(k)
 	}
+}
+
+// A batch is one round trip; it is recorded under its last statement.
+func (t tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	t.n.Add(1)
+	return context.WithValue(ctx, tripStart{}, &tripKey{start: time.Now()})
+}
+
+func (tripCounter) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if k, ok := ctx.Value(tripStart{}).(*tripKey); ok {
+		k.sql = "batch: " + d.SQL
+	}
+}
+
+func (t tripCounter) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if k, ok := ctx.Value(tripStart{}).(*tripKey); ok {
+		t.record(*k)
+	}
+}
+
+func (t tripCounter) record(k tripKey) {
 	name := strings.Join(strings.Fields(k.sql), " ")
 	if len(name) > 70 {
 		name = name[:70]

@@ -3,7 +3,7 @@ package notifier
 import "time"
 
 // queueFactor is how many rounds of its limit a healthy endpoint may have claimed ahead.
-const queueFactor = 4
+const queueFactor = 8
 
 // leaseMargin is kept between the end of a queued row's attempt and its lease's expiry: a
 // row must not be attempted by two processes (another may claim it once the lease expires).
