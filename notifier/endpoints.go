@@ -47,6 +47,7 @@ type endpoint struct {
 	limit     int
 	inflight  int
 	queue     []claimed // claimed, waiting for a slot of this endpoint (FIFO)
+	slow      bool      // the last answer took fastAttempt or more: queue nothing
 	fails     int
 	openUntil time.Time
 	cooldown  time.Duration
@@ -130,6 +131,7 @@ func (es *endpoints) release(client string, ok bool, took time.Duration, now tim
 	case saturated:
 		e.limit = min(maxPerEndpoint, e.limit+1)
 	}
+	e.slow = took >= fastAttempt
 	wasProbe := e.probing
 	e.probing = false
 	switch {

@@ -9,21 +9,22 @@ const queueFactor = 8
 // row must not be attempted by two processes (another may claim it once the lease expires).
 const leaseMargin = 5 * time.Second
 
-// depth is how many rows e may hold, attempted or queued: a failing endpoint queues none.
+// depth is how many rows e may hold, attempted or queued: a failing or slow endpoint queues
+// none (its queued rows would wait so long that their leases ran out).
 func (e *endpoint) depth() int {
-	if e.fails > 0 {
+	if e.fails > 0 || e.slow {
 		return e.limit
 	}
 	return e.limit * queueFactor
 }
 
 // enqueue keeps c for client's next free slot, or reports false when the endpoint cannot
-// queue it (failing, full, or without an attempt in flight to take it up later).
+// queue it (failing, slow, full, or without an attempt in flight to take it up later).
 func (es *endpoints) enqueue(client string, c claimed) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	e := es.m[client]
-	if e == nil || e.fails > 0 || e.inflight == 0 || e.inflight+len(e.queue) >= e.depth() {
+	if e == nil || e.inflight == 0 || e.fails > 0 || e.slow || e.inflight+len(e.queue) >= e.depth() {
 		return false
 	}
 	e.queue = append(e.queue, c)

@@ -172,3 +172,26 @@ func TestEndpointQueueStaleLease(t *testing.T) {
 		t.Fatal("a second row started beside the first in a limit of 1")
 	}
 }
+
+// An endpoint whose last answer was slow queues nothing: its rows would wait past their
+// leases. A fast answer lets it queue again.
+func TestEndpointQueueNotWhenSlow(t *testing.T) {
+	t.Parallel()
+	es := newEndpoints(2, 5, time.Second, time.Second)
+	now := time.Unix(1000, 0)
+	es.acquire("a", now)
+	es.acquire("a", now)
+	es.release("a", true, fastAttempt, now)
+	es.acquire("a", now)
+	if es.enqueue("a", claimed{id: 1}) {
+		t.Fatal("a row queued behind a slow endpoint")
+	}
+	if c := es.capacity(now); len(c.busy) != 1 {
+		t.Fatalf("capacity = %+v, want a busy (its slots taken, no queue)", c)
+	}
+	es.release("a", true, time.Millisecond, now)
+	es.acquire("a", now)
+	if !es.enqueue("a", claimed{id: 2}) {
+		t.Fatal("a fast endpoint refused a queued row")
+	}
+}
