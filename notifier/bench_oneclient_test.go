@@ -46,7 +46,7 @@ func BenchmarkOneClient(b *testing.B) {
 	tc := tripCounter{n: &trips, mu: &sync.Mutex{}, by: map[string]*tripStat{}}
 	e.pool = tracedPool(b, e.pgURL, tc)
 	e.cfg.WebhookTimeout = 5 * time.Second
-	e.start()
+	n := e.start()
 
 	b.Run("notifier", func(b *testing.B) {
 		var rev int64
@@ -71,6 +71,13 @@ func BenchmarkOneClient(b *testing.B) {
 		b.ReportMetric(float64(total)/el.Seconds(), "webhooks/s")
 		b.ReportMetric(float64(trips.Load()-trips0)/float64(total), "pg_round_trips/webhook")
 		tc.log(b)
+		// Whether the adaptive limit held up under the machine's load (issue 17 suspected not).
+		n.ep.mu.Lock()
+		if ep := n.ep.m["c1"]; ep != nil {
+			b.Logf("endpoint limit at the end: %d (starts at %d, cap %d), queued %d", ep.limit, n.cfg.PerEndpoint, maxPerEndpoint, len(ep.queue))
+		}
+		n.ep.mu.Unlock()
+		b.Logf("attempt latency: %s", attemptLatency(b, e))
 	})
 
 	b.Run("baseline", func(b *testing.B) {
@@ -324,4 +331,30 @@ func tracedPool(b testing.TB, url string, tc tripCounter) *pgxpool.Pool {
 	}
 	b.Cleanup(p.Close)
 	return p
+}
+
+// attemptLatency summarises locks_notifier_attempt_duration_seconds of 2xx answers.
+func attemptLatency(b testing.TB, e *env) string {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "locks_notifier_attempt_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			if h.GetSampleCount() == 0 {
+				continue
+			}
+			out := fmt.Sprintf("%d answers %s, mean %.1f ms;", h.GetSampleCount(), m.GetLabel()[0].GetValue(),
+				1000*h.GetSampleSum()/float64(h.GetSampleCount()))
+			for _, bk := range h.GetBucket() {
+				out += fmt.Sprintf(" ≤%gs: %d", bk.GetUpperBound(), bk.GetCumulativeCount())
+			}
+			return out
+		}
+	}
+	return "none"
 }
