@@ -86,7 +86,7 @@ func (n *Notifier) gatherSlots(ctx context.Context, free int) int {
 // free (queue.go), keeping its global slot, and hands back the queued rows it may not send.
 func (n *Notifier) work(ctx context.Context, c claimed) {
 	fresh := func(q claimed) bool {
-		return time.Since(q.leasedAt) < n.lease-n.cfg.WebhookTimeout-leaseMargin
+		return time.Since(q.leasedAt) < min(queueMaxWait, n.lease-n.cfg.WebhookTimeout-leaseMargin)
 	}
 	for {
 		r := n.attempt(ctx, c)

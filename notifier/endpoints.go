@@ -47,7 +47,7 @@ type endpoint struct {
 	limit     int
 	inflight  int
 	queue     []claimed // claimed, waiting for a slot of this endpoint (FIFO)
-	slow      bool      // the last answer took fastAttempt or more: queue nothing
+	slow      bool      // the last answer took queueFastAnswer or more: queue nothing
 	fails     int
 	openUntil time.Time
 	cooldown  time.Duration
@@ -131,7 +131,7 @@ func (es *endpoints) release(client string, ok bool, took time.Duration, now tim
 	case saturated:
 		e.limit = min(maxPerEndpoint, e.limit+1)
 	}
-	e.slow = took >= fastAttempt
+	e.slow = took >= queueFastAnswer
 	wasProbe := e.probing
 	e.probing = false
 	switch {

@@ -5,6 +5,15 @@ import "time"
 // queueFactor is how many rounds of its limit a healthy endpoint may have claimed ahead.
 const queueFactor = 8
 
+// Queued rows are attempted with what the claim read of the registry (URL, secrets,
+// subscription): an endpoint queues only while it answers within queueFastAnswer, so its
+// queue (queueFactor rounds of its limit) drains within about a second, and a row queued
+// longer than queueMaxWait is given back, to be claimed again and read afresh.
+const (
+	queueFastAnswer = 100 * time.Millisecond
+	queueMaxWait    = 2 * time.Second
+)
+
 // leaseMargin is kept between the end of a queued row's attempt and its lease's expiry: a
 // row must not be attempted by two processes (another may claim it once the lease expires).
 const leaseMargin = 5 * time.Second
