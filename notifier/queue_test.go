@@ -47,7 +47,7 @@ func (g *gatedReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // queueEnv is one client with limit 2 behind a gated receiver, 20 sensors subscribed, the
 // notifier started and each sensor's revision 1 published (a newer revision would supersede
 // the rows given back).
-func queueEnv(t *testing.T, setup func(*env)) (*env, *gatedReceiver, []event.Event) {
+func queueEnv(t *testing.T, setup func(*env)) (*env, *Notifier, *gatedReceiver, []event.Event) {
 	e := newEnv(t, time.Minute)
 	g := newGatedReceiver()
 	srv := httptest.NewServer(g)
@@ -73,20 +73,24 @@ func queueEnv(t *testing.T, setup func(*env)) (*env, *gatedReceiver, []event.Eve
 	if setup != nil {
 		setup(e)
 	}
-	e.start()
+	n := e.start()
 	e.publish(evs...)
-	return e, g, evs
+	return e, n, g, evs
 }
 
-// waitClaimedAhead waits until depth rows are leased: more than the limit of 2 attempts.
-func waitClaimedAhead(t *testing.T, e *env, depth int) {
+// waitClaimedAhead waits until the endpoint has depth-2 rows queued behind its 2 attempts
+// in flight, and checks that they are leased in the table.
+func waitClaimedAhead(t *testing.T, e *env, n *Notifier, depth int) {
 	t.Helper()
-	testenv.Eventually(t, 20*time.Second, "rows claimed beyond the 2 attempts in flight", func() bool {
-		return e.count(`SELECT count(*) FROM notifier_deliveries WHERE lease_until > now()`) > 2
+	testenv.Eventually(t, 20*time.Second, "rows queued behind the 2 attempts in flight", func() bool {
+		n.ep.mu.Lock()
+		defer n.ep.mu.Unlock()
+		ep := n.ep.m["c1"]
+		return ep != nil && ep.inflight == 2 && len(ep.queue) == depth-2
 	})
-	testenv.Eventually(t, 10*time.Second, "rows claimed ahead up to the depth", func() bool {
-		return e.count(`SELECT count(*) FROM notifier_deliveries WHERE lease_until > now()`) == depth
-	})
+	if l := e.count(`SELECT count(*) FROM notifier_deliveries WHERE lease_until > now()`); l != depth {
+		t.Fatalf("%d rows leased, want the %d attempted or queued", l, depth)
+	}
 }
 
 func (e *env) count(sql string) int {
@@ -103,9 +107,9 @@ func (e *env) count(sql string) int {
 // once and in order per sensor.
 func TestHealthyEndpointClaimsAhead(t *testing.T) {
 	t.Parallel()
-	e, g, evs := queueEnv(t, nil)
+	e, n, g, evs := queueEnv(t, nil)
 	const depth = 2 * queueFactor
-	waitClaimedAhead(t, e, depth)
+	waitClaimedAhead(t, e, n, depth)
 	if n := g.inflight.Load(); n != 2 {
 		t.Fatalf("%d attempts in flight, want the endpoint's limit 2", n)
 	}
@@ -132,12 +136,12 @@ func TestHealthyEndpointClaimsAhead(t *testing.T) {
 // in the table is one the receiver got.
 func TestQueuedRowsGivenBackWhenBreakerOpens(t *testing.T) {
 	t.Parallel()
-	e, g, _ := queueEnv(t, func(e *env) {
+	e, n, g, _ := queueEnv(t, func(e *env) {
 		e.cfg.BreakerThreshold = 2
 		e.cfg.BreakerCooldown = time.Hour
 	})
 	const depth = 2 * queueFactor
-	waitClaimedAhead(t, e, depth)
+	waitClaimedAhead(t, e, n, depth)
 	g.status.Store(http.StatusInternalServerError)
 	close(g.open)
 	testenv.Eventually(t, 20*time.Second, "leases released", func() bool {
