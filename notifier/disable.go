@@ -2,7 +2,6 @@ package notifier
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -58,13 +57,16 @@ func healthOf(rs []result) []health {
 	return out
 }
 
-// recordHealth updates, in tx, since when each endpoint of rs has failed without a 2xx, and
-// disables those failing for longer than after (never when after is zero). It returns the
-// clients it disabled, with their reasons.
-func recordHealth(ctx context.Context, tx pgx.Tx, rs []result, after time.Duration) (map[string]string, error) {
+// healthStmts says which statements queueHealth queued, for read.
+type healthStmts struct{ health, disable bool }
+
+// queueHealth queues on b, for the finish transaction, the statements that record since
+// when each endpoint of rs has failed without a 2xx, and disable those failing for longer
+// than after (never when after is zero).
+func queueHealth(b *pgx.Batch, rs []result, after time.Duration) healthStmts {
 	hs := healthOf(rs)
 	if len(hs) == 0 {
-		return nil, nil
+		return healthStmts{}
 	}
 	clients := make([]string, len(hs))
 	fails := make([]*time.Time, len(hs))
@@ -75,19 +77,17 @@ func recordHealth(ctx context.Context, tx pgx.Tx, rs []result, after time.Durati
 	}
 	// A success in the batch restarts the count from the batch's failures after it; without
 	// one, the count goes on from the earlier failing_since.
-	if _, err := tx.Exec(ctx, `
+	b.Queue(`
 		INSERT INTO notifier_endpoint_health AS h (client_id, failing_since, last_success_at)
 		SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[])
 		ON CONFLICT (client_id) DO UPDATE SET
 			failing_since = CASE WHEN excluded.last_success_at IS NOT NULL THEN excluded.failing_since
 			                     ELSE coalesce(h.failing_since, excluded.failing_since) END,
-			last_success_at = greatest(h.last_success_at, excluded.last_success_at)`, clients, fails, oks); err != nil {
-		return nil, fmt.Errorf("record endpoint health: %w", err)
-	}
+			last_success_at = greatest(h.last_success_at, excluded.last_success_at)`, clients, fails, oks)
 	if after <= 0 {
-		return nil, nil
+		return healthStmts{health: true}
 	}
-	rows, err := tx.Query(ctx, `
+	b.Queue(`
 		UPDATE clients c SET disabled_at = now(), version = c.version + 1, updated_at = now(),
 			disabled_reason = format('every attempt failed since %s, for longer than %s (LOCKS_ENDPOINT_DISABLE_AFTER); last: %s',
 				to_char(h.failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), $3::text, coalesce(nullif(r.err, ''), 'no 2xx answer'))
@@ -95,6 +95,21 @@ func recordHealth(ctx context.Context, tx pgx.Tx, rs []result, after time.Durati
 		WHERE h.client_id = c.id AND r.client_id = c.id AND c.disabled_at IS NULL
 		  AND h.failing_since <= now() - $2 * interval '1 microsecond'
 		RETURNING c.id, c.disabled_reason`, clients, after.Microseconds(), after.String(), lastErrs)
+	return healthStmts{health: true, disable: true}
+}
+
+// read takes the queued statements' results from br: the clients disabled, with their reasons.
+func (q healthStmts) read(br pgx.BatchResults) (map[string]string, error) {
+	if !q.health {
+		return nil, nil
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("record endpoint health: %w", err)
+	}
+	if !q.disable {
+		return nil, nil
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("disable failing endpoints: %w", err)
 	}

@@ -82,6 +82,37 @@ func (n *Notifier) gatherSlots(ctx context.Context, free int) int {
 	return free
 }
 
+// work makes c's attempt, then those of the rows queued for its endpoint while a slot is
+// free (queue.go), keeping its global slot, and hands back the queued rows it may not send.
+func (n *Notifier) work(ctx context.Context, c claimed) {
+	fresh := func(q claimed) bool {
+		return time.Since(q.leasedAt) < min(queueMaxWait, n.lease-n.cfg.WebhookTimeout-leaseMargin)
+	}
+	for {
+		r := n.attempt(ctx, c)
+		if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, r.latency, time.Now()) {
+			n.m.breaker.Inc()
+			n.log.Warn("circuit opened for a failing webhook endpoint", "client", c.clientID, "status", r.status, "err", r.errText)
+		} else if r.aborted {
+			n.ep.release(c.clientID, true, 0, time.Now())
+		}
+		n.results <- r
+		next, ok, back, more := n.ep.next(c.clientID, ctx.Err() != nil, fresh)
+		for _, b := range back {
+			n.results <- result{c: b, aborted: true, at: time.Now()} // the lease is released, nothing recorded
+		}
+		if !ok {
+			n.inflight.Add(-1)
+			poke(n.slotFreed)
+			return
+		}
+		if more {
+			poke(n.slotFreed)
+		}
+		c = next
+	}
+}
+
 // start begins the attempts of the claimed rows its endpoints can take, cancels those of
 // deleted or unsubscribed clients, and gives back the rest; it returns how many it handled.
 func (n *Notifier) start(ctx context.Context, wg *sync.WaitGroup, cs []claimed, now time.Time) int {
@@ -98,23 +129,16 @@ func (n *Notifier) start(ctx context.Context, wg *sync.WaitGroup, cs []claimed, 
 			continue
 		}
 		if !n.ep.acquire(c.clientID, now) {
-			excess = append(excess, c)
+			if n.ep.enqueue(c.clientID, c) {
+				started++
+			} else {
+				excess = append(excess, c)
+			}
 			continue
 		}
 		started++
 		n.inflight.Add(1)
-		wg.Go(func() {
-			r := n.attempt(ctx, c)
-			if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, r.latency, time.Now()) {
-				n.m.breaker.Inc()
-				n.log.Warn("circuit opened for a failing webhook endpoint", "client", c.clientID, "status", r.status, "err", r.errText)
-			} else if r.aborted {
-				n.ep.release(c.clientID, true, 0, time.Now())
-			}
-			n.inflight.Add(-1)
-			poke(n.slotFreed)
-			n.results <- r
-		})
+		wg.Go(func() { n.work(ctx, c) })
 	}
 	if len(excess) > 0 {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -50,10 +50,14 @@
 //     resets a client's breaker in all of them over core NATS (reset.go).
 //   - A disabled client (controls.go, disable.go) is excluded from claims: its deliveries
 //     wait, pending and in order, until it is re-enabled.
-//   - Isolation: at most Config.PerEndpoint attempts per client in flight per process and
-//     a circuit breaker per client; a client that cannot take an attempt is excluded from
-//     claims, so its backlog waits in Postgres instead of holding slots, and every attempt
-//     is bounded by LOCKS_WEBHOOK_TIMEOUT.
+//   - Isolation: an adaptive limit of attempts per client in flight per process (from
+//     Config.PerEndpoint) and a circuit breaker per client; a client that cannot take an
+//     attempt or queue a row is excluded from claims, so its backlog waits in Postgres
+//     instead of holding slots, and every attempt is bounded by LOCKS_WEBHOOK_TIMEOUT.
+//   - Throughput to one client: a healthy endpoint keeps rows claimed ahead (queue.go), so
+//     an attempt that ends starts the next one without a claim; queued rows hold no slot,
+//     and are given back unattempted when the breaker opens, when stopping, or before their
+//     lease could expire.
 //   - Outgoing requests: the resolved address is checked at dial time (no loopback, private,
 //     link-local or other internal targets unless LOCKS_WEBHOOK_ALLOW_PRIVATE), no proxy, no
 //     redirects followed (a 3xx is a failed attempt), kept-alive connections.

@@ -46,6 +46,8 @@ const (
 type endpoint struct {
 	limit     int
 	inflight  int
+	queue     []claimed // claimed, waiting for a slot of this endpoint (FIFO)
+	slow      bool      // the last answer took queueFastAnswer or more: queue nothing
 	fails     int
 	openUntil time.Time
 	cooldown  time.Duration
@@ -73,14 +75,20 @@ func (es *endpoints) capacity(now time.Time) capacity {
 	defer es.mu.Unlock()
 	c := capacity{perClient: es.perEndpoint}
 	for id, e := range es.m {
+		free := 0
 		switch {
-		case !es.canTake(e, now):
-			c.busy = append(c.busy, id)
-		case e.fails >= es.threshold: // half-open: one probe
-			c.freeClient, c.free = append(c.freeClient, id), append(c.free, 1)
+		case e.fails >= es.threshold: // open, or half-open: one probe
+			if es.canTake(e, now) {
+				free = 1
+			}
 		default:
-			c.freeClient, c.free = append(c.freeClient, id), append(c.free, int32(e.limit-e.inflight))
+			free = e.depth() - e.inflight - len(e.queue)
 		}
+		if free <= 0 {
+			c.busy = append(c.busy, id)
+			continue
+		}
+		c.freeClient, c.free = append(c.freeClient, id), append(c.free, int32(free))
 	}
 	return c
 }
@@ -123,6 +131,7 @@ func (es *endpoints) release(client string, ok bool, took time.Duration, now tim
 	case saturated:
 		e.limit = min(maxPerEndpoint, e.limit+1)
 	}
+	e.slow = took >= queueFastAnswer
 	wasProbe := e.probing
 	e.probing = false
 	switch {
@@ -140,7 +149,7 @@ func (es *endpoints) release(client string, ok bool, took time.Duration, now tim
 			opened = true
 		}
 	}
-	if e.inflight == 0 && e.fails == 0 && e.limit == es.perEndpoint {
+	if e.inflight == 0 && e.fails == 0 && e.limit == es.perEndpoint && len(e.queue) == 0 {
 		delete(es.m, client)
 	}
 	return opened
@@ -157,7 +166,7 @@ func (es *endpoints) reset(client string) {
 	}
 	e.fails, e.cooldown, e.openUntil, e.probing = 0, 0, time.Time{}, false
 	e.limit = max(e.limit, es.perEndpoint)
-	if e.inflight == 0 {
+	if e.inflight == 0 && len(e.queue) == 0 {
 		delete(es.m, client)
 	}
 }

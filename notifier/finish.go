@@ -53,11 +53,11 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 	var disabled map[string]string
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		recs = recs[:0]
-		// Locked in id order before the update (see supersede).
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM notifier_deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE`, ids); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `
+		// One round trip for the lock, the outcomes and the endpoints' health (the outbox
+		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
+		b := &pgx.Batch{}
+		b.Queue(`SELECT 1 FROM notifier_deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE`, ids)
+		b.Queue(`
 			UPDATE notifier_deliveries d SET
 				state = CASE WHEN (NOT r.counted OR r.state = 'pending') AND d.supersede_on_finish THEN 'superseded'
 				             WHEN NOT r.counted THEN d.state
@@ -74,22 +74,12 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 			     AS r(id, token, state, delay, status, err, counted, latency)
 			WHERE d.id = r.id AND d.lease_token = r.token AND d.state = 'pending'
 			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted, latencies)
+		hq := queueHealth(b, rs, disableAfter)
+		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
 		if err != nil {
 			return err
 		}
-		type fin struct {
-			id       int64
-			state    string
-			attempts int
-		}
-		fins, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (fin, error) {
-			var f fin
-			err := r.Scan(&f.id, &f.state, &f.attempts)
-			return f, err
-		})
-		if err != nil {
-			return err
-		}
+		disabled = dis
 		for _, f := range fins {
 			r := byID[f.id]
 			if r.aborted {
@@ -99,13 +89,43 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
 				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
 		}
-		if disabled, err = recordHealth(ctx, tx, rs, disableAfter); err != nil {
-			return err
-		}
 		return writeOutbox(ctx, tx, recs)
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("finish attempts: %w", err)
 	}
 	return recs, disabled, nil
+}
+
+// fin is a row's state and attempts after finish's update.
+type fin struct {
+	id       int64
+	state    string
+	attempts int
+}
+
+// sendFinish reads the results of finish's batch: the lock, the update, the health.
+func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[string]string, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	if _, err = br.Exec(); err != nil {
+		return nil, nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	fins, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (fin, error) {
+		var f fin
+		err := r.Scan(&f.id, &f.state, &f.attempts)
+		return f, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	disabled, err = hq.read(br)
+	return fins, disabled, err
 }

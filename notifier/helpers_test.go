@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -168,34 +167,13 @@ func testEvent(sensor string, rev int64, data uint8) event.Event {
 // the notifier sets aside an event ahead of the state).
 func (e *env) publish(evs ...event.Event) {
 	e.t.Helper()
-	futs := make([]jetstream.PubAckFuture, 0, len(evs))
 	for _, ev := range evs {
 		e.exec(`INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
 			VALUES ($1, $2, $3, now(), now(), now(), $4, 'online', 0)
 			ON CONFLICT (sensor_id) DO UPDATE SET revision = greatest(sensor_state.revision, excluded.revision)`,
 			ev.SensorID, ev.Partition, int16(ev.Data), ev.Revision)
 	}
-	for _, ev := range evs {
-		b, err := json.Marshal(ev)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		f, err := e.nats.JS.PublishMsgAsync(&nats.Msg{Subject: natsx.EventsSubject(partition.Of(ev.SensorID, testPartitions), ev.SensorID), Data: b},
-			jetstream.WithMsgID(ev.ID))
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
-	for _, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			e.t.Fatal(err)
-		case <-time.After(10 * time.Second):
-			e.t.Fatal("EVENTS publish not acknowledged")
-		}
-	}
+	publishEvents(e.t, e.nats.JS, evs)
 }
 
 // records reads every attempt record of client from DELIVERIES.

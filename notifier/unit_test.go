@@ -165,8 +165,24 @@ func TestEndpointsBreaker(t *testing.T) {
 	if es.acquire("a", now) {
 		t.Fatal("a third concurrent attempt was allowed")
 	}
+	// Its slots taken, a healthy endpoint may still have rows claimed ahead into its queue,
+	// up to queueFactor rounds of its limit; then it is busy.
+	if c := es.capacity(now); len(c.busy) != 0 || len(c.free) != 1 || c.free[0] != 2*queueFactor-2 {
+		t.Fatalf("capacity = %+v, want a free for %d queued rows", c, 2*queueFactor-2)
+	}
+	for i := range 2*queueFactor - 2 {
+		if !es.enqueue("a", claimed{id: int64(i)}) {
+			t.Fatalf("queued row %d refused", i)
+		}
+	}
+	if es.enqueue("a", claimed{id: 99}) {
+		t.Fatal("a row queued beyond the depth")
+	}
 	if b := es.capacity(now).busy; len(b) != 1 || b[0] != "a" {
 		t.Fatalf("busy = %v, want [a]", b)
+	}
+	if _, _, back, _ := es.next("a", true, nil); len(back) != 2*queueFactor-2 {
+		t.Fatalf("stopping gave back %d queued rows, want %d", len(back), 2*queueFactor-2)
 	}
 	es.release("a", false, 0, now)
 	es.release("a", false, 0, now)
