@@ -234,6 +234,7 @@ func (c *clientService) UpdateClient(ctx context.Context, req *locksv1.UpdateCli
 	if err != nil {
 		return nil, err
 	}
+	c.s.registryChanged(id)
 	return &locksv1.UpdateClientResponse{Client: row.proto(true, time.Now())}, nil
 }
 
@@ -260,6 +261,7 @@ func (c *clientService) DeleteClient(ctx context.Context, req *locksv1.DeleteCli
 	if err != nil {
 		return nil, err
 	}
+	c.s.registryChanged(id)
 	return &locksv1.DeleteClientResponse{}, nil
 }
 
@@ -294,5 +296,6 @@ func (c *clientService) RotateClientSecret(ctx context.Context, req *locksv1.Rot
 	if err != nil {
 		return nil, err
 	}
+	c.s.registryChanged(id)
 	return &locksv1.RotateClientSecretResponse{Client: row.proto(true, time.Now())}, nil
 }

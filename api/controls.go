@@ -26,6 +26,19 @@ type Controls interface {
 	SendTest(ctx context.Context, client string) (string, error)
 	Stats(ctx context.Context, client string) (webhookctl.Stats, error)
 	Reset(ctx context.Context, client string) error
+	Changed(client string) error
+}
+
+// registryChanged tells the notifiers that client's entry (URL, secret, filters,
+// subscriptions) changed or is gone, so that what they claimed ahead is read afresh; best
+// effort (what they hold is at most a couple of seconds old).
+func (s *Server) registryChanged(client string) {
+	if s.controls == nil {
+		return
+	}
+	if err := s.controls.Changed(client); err != nil {
+		s.log.Warn("cannot tell the notifiers that a client changed", "client", client, "err", err)
+	}
 }
 
 // deliveryStateType marks the FAILED_PRECONDITION of a delivery that cannot be resent (or a

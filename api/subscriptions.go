@@ -78,6 +78,7 @@ func (sub *subscriptionService) CreateSubscription(ctx context.Context, req *loc
 	}
 	out := subscriptionProto(req.GetSensorId(), req.GetClientId(), *created)
 	out.EventTypes = req.GetEventTypes()
+	sub.s.registryChanged(req.GetClientId())
 	return &locksv1.CreateSubscriptionResponse{Subscription: out}, nil
 }
 
@@ -110,6 +111,7 @@ func (sub *subscriptionService) DeleteSubscription(ctx context.Context, req *loc
 	if err != nil {
 		return nil, err
 	}
+	sub.s.registryChanged(req.GetClientId())
 	return &locksv1.DeleteSubscriptionResponse{}, nil
 }
 

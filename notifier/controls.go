@@ -41,6 +41,16 @@ func (c *Controls) Reset(ctx context.Context, client string) error {
 	return nil
 }
 
+// Changed tells every notifier process that client's registry entry changed, so that rows
+// claimed ahead for it are read afresh before they are sent. Best effort: a lost message
+// leaves them at most queueMaxWait old.
+func (c *Controls) Changed(client string) error {
+	if err := c.nc.Publish(natsx.NotifierChangedSubject(client), nil); err != nil {
+		return fmt.Errorf("publish registry change: %w", err)
+	}
+	return nil
+}
+
 // Enable re-enables client's endpoint: its failures are forgotten, its pending deliveries
 // (those that waited while it was disabled, and those waiting for a retry) are due now, in
 // order, and every notifier resets its breaker. It reports whether the client was disabled.

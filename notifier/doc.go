@@ -56,8 +56,10 @@
 //     instead of holding slots, and every attempt is bounded by LOCKS_WEBHOOK_TIMEOUT.
 //   - Throughput to one client: a healthy endpoint keeps rows claimed ahead (queue.go), so
 //     an attempt that ends starts the next one without a claim; queued rows hold no slot,
-//     and are given back unattempted when the breaker opens, when stopping, or before their
-//     lease could expire.
+//     and are given back unattempted when the breaker opens, when stopping, before their
+//     lease could expire, after 2 s, or when the API says the client's registry entry
+//     changed (URL, secret, filters, subscriptions, deletion; core NATS): the contract reads
+//     the webhook URL afresh at every attempt, so a queued row is sent only with a fresh read.
 //   - Outgoing requests: the resolved address is checked at dial time (no loopback, private,
 //     link-local or other internal targets unless LOCKS_WEBHOOK_ALLOW_PRIVATE), no proxy, no
 //     redirects followed (a 3xx is a failed attempt), kept-alive connections.

@@ -27,6 +27,9 @@ type endpoints struct {
 
 	mu sync.Mutex
 	m  map[string]*endpoint
+	// changedAt is when each client's registry entry last changed (the API says so over
+	// NATS): rows claimed before it are not sent from the queue (queue.go).
+	changedAt map[string]time.Time
 }
 
 // Defaults of the per-endpoint limit and circuit breaker (Config).
@@ -55,7 +58,7 @@ type endpoint struct {
 }
 
 func newEndpoints(per, threshold int, cooldown, maxCooldown time.Duration) *endpoints {
-	return &endpoints{perEndpoint: per, threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown, m: map[string]*endpoint{}}
+	return &endpoints{perEndpoint: per, threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown, m: map[string]*endpoint{}, changedAt: map[string]time.Time{}}
 }
 
 // canTake is whether e may take one more attempt now; e's lock is held.

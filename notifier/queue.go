@@ -33,7 +33,8 @@ func (es *endpoints) enqueue(client string, c claimed) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	e := es.m[client]
-	if e == nil || e.inflight == 0 || e.fails > 0 || e.slow || e.inflight+len(e.queue) >= e.depth() {
+	if e == nil || e.inflight == 0 || e.fails > 0 || e.slow || e.inflight+len(e.queue) >= e.depth() ||
+		es.staleClaim(client, c) {
 		return false
 	}
 	e.queue = append(e.queue, c)
@@ -58,7 +59,7 @@ func (es *endpoints) next(client string, stopping bool, fresh func(claimed) bool
 	}
 	for len(e.queue) > 0 && e.inflight < e.limit {
 		c, e.queue = e.queue[0], e.queue[1:]
-		if !fresh(c) {
+		if !fresh(c) || es.staleClaim(client, c) {
 			back = append(back, c)
 			continue
 		}
@@ -70,4 +71,25 @@ func (es *endpoints) next(client string, stopping bool, fresh func(claimed) bool
 		e.queue = nil // let the backing array go
 	}
 	return c, ok, back, 2*(e.inflight+len(e.queue)) <= e.depth()
+}
+
+// changed records that client's registry entry changed at: its rows claimed before are not
+// sent from the queue but given back and claimed again. Entries older than queueMaxWait
+// cannot concern a queued row any more and are dropped.
+func (es *endpoints) changed(client string, at time.Time) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	for k, t := range es.changedAt {
+		if at.Sub(t) > queueMaxWait {
+			delete(es.changedAt, k)
+		}
+	}
+	es.changedAt[client] = at
+}
+
+// staleClaim is whether c was claimed before client's registry entry last changed; es's lock
+// is held.
+func (es *endpoints) staleClaim(client string, c claimed) bool {
+	t, ok := es.changedAt[client]
+	return ok && !c.leasedAt.After(t)
 }

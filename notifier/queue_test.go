@@ -207,3 +207,36 @@ func TestEndpointQueueNotWhenSlow(t *testing.T) {
 		t.Fatal("a fast endpoint refused a queued row")
 	}
 }
+
+// A client's registry entry changed (here its URL) while rows were claimed ahead for it: the
+// API says so over NATS, and the queued rows are claimed again and read afresh instead of
+// being sent to the old URL; only the attempts in flight at the change go there.
+func TestQueuedRowsReadAfreshAfterChange(t *testing.T) {
+	t.Parallel()
+	e, n, g, evs := queueEnv(t, nil)
+	const depth = 2 * queueFactor
+	waitClaimedAhead(t, e, n, depth)
+	moved := newBooksReceiver()
+	srv := httptest.NewServer(moved)
+	t.Cleanup(srv.Close)
+	if _, err := e.pool.Exec(t.Context(), `UPDATE clients SET webhook_url = $1, version = version + 1 WHERE id = 'c1'`, srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewControls(e.pool, e.nats.JS.Conn()).Changed("c1"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the change to reach the notifier", func() bool {
+		n.ep.mu.Lock()
+		defer n.ep.mu.Unlock()
+		_, ok := n.ep.changedAt["c1"]
+		return ok
+	})
+	close(g.open)
+	testenv.Eventually(t, 30*time.Second, "every webhook", func() bool { return g.books.count()+moved.count() >= len(evs) })
+	if got := int(g.received.Load()); got != 2 {
+		t.Errorf("the old URL got %d requests, want only the 2 in flight at the change", got)
+	}
+	if got := moved.count(); got != len(evs)-2 {
+		t.Errorf("the new URL got %d webhooks, want %d", got, len(evs)-2)
+	}
+}

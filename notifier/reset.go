@@ -26,6 +26,13 @@ func (n *Notifier) listenResets(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to endpoint resets: %w", err)
 	}
+	changed, err := n.js.Conn().Subscribe(natsx.NotifierChangedSubject("*"), func(m *nats.Msg) {
+		n.ep.changed(strings.TrimPrefix(m.Subject, natsx.NotifierChangedPrefix), time.Now())
+	})
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("subscribe to registry changes: %w", err)
+	}
 	// Known to the server before the notifier sends anything: a reset right after is not missed.
 	if err := n.js.Conn().FlushTimeout(5 * time.Second); err != nil {
 		n.log.Warn("endpoint resets: flush subscription", "err", err)
@@ -33,6 +40,7 @@ func (n *Notifier) listenResets(ctx context.Context) error {
 	go func() {
 		<-ctx.Done()
 		_ = sub.Unsubscribe()
+		_ = changed.Unsubscribe()
 	}()
 	return nil
 }
