@@ -126,6 +126,24 @@ func BenchmarkTrack(b *testing.B) {
 		b.ReportMetric(rss0, "rss-before-MB")
 		b.Logf("%d sensors tracked: %d KV updates in %s = %.0f/s; heap %.0f MB (%.0f before the watchdog), RSS %.0f MB (%.0f before); KV stream %d msgs %d MB",
 			n, n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), heap1, heap0, rss1, rss0, st.Msgs, st.Bytes>>20)
+		// Held, not just taken in: the server keeps each block's per-subject state for 2
+		// minutes and its cache for 10 s after the block was last used (filestore's
+		// defaultFssExpiration, defaultCacheBufferExpiration), so the figures right after the
+		// backlog include what the burst itself costs. LOCKS_BENCH_SETTLE (e.g. 150s) waits
+		// that long with every key live and measures again.
+		if settle, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_SETTLE")); err == nil && settle > 0 {
+			time.Sleep(settle)
+			heap2, rss2 := memFigures()
+			b.ReportMetric(heap2, "heap-settled-MB")
+			b.ReportMetric(rss2, "rss-settled-MB")
+			b.Logf("after %s with every key live: heap %.0f MB, RSS %.0f MB", settle, heap2, rss2)
+			if path := os.Getenv("LOCKS_BENCH_HEAPPROFILE"); path != "" {
+				if out, err := os.Create(path + ".settled"); err == nil {
+					_ = pprof.WriteHeapProfile(out)
+					_ = out.Close()
+				}
+			}
+		}
 		stop()
 	}
 }

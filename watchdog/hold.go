@@ -3,9 +3,11 @@ package watchdog
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
@@ -26,6 +28,9 @@ type candidate struct {
 	heldSince time.Time
 	// overdue: settled because it was held for MaxHold, not because the pipeline caught up.
 	overdue bool
+	// notBefore: a key expired less than a second before the sensor's deadline (its TTL is
+	// rounded down to whole seconds, see ttlFor) waits for the deadline itself.
+	notBefore time.Time
 }
 
 // declareBurstWait lets a burst of markers gather into one declare round.
@@ -62,52 +67,71 @@ func (w *Watchdog) supersede(sensor string, rev uint64) {
 	}
 }
 
-// declareLoop examines the held expiries whenever one arrives and every HoldCheckEvery.
+// declareLoop examines the held expiries whenever one arrives, when the earliest deadline
+// an expiry waits for comes, and every HoldCheckEvery.
 func (w *Watchdog) declareLoop(ctx context.Context) error {
 	t := time.NewTicker(w.cfg.HoldCheckEvery)
 	defer t.Stop()
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-due.C:
 		case <-w.wake:
 			backoff.Sleep(ctx, declareBurstWait)
 		}
-		if err := w.declareRound(ctx); err != nil && ctx.Err() == nil {
+		next, err := w.declareRound(ctx)
+		if err != nil && ctx.Err() == nil {
 			w.log.Warn("examining expiries", "err", err)
+		}
+		if !next.IsZero() {
+			due.Reset(time.Until(next))
 		}
 	}
 }
 
 // caughtUp reports, per partition, the stored time up to which every reading has refreshed
-// its key (math.MaxInt64 when the consumer has nothing left undelivered).
+// its key (math.MaxInt64 when the consumer has nothing left undelivered). The partitions'
+// consumers are asked at once: one round trip per round, not one per partition.
 func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
+	var mu sync.Mutex
 	out := map[int]int64{}
+	g, gctx := errgroup.WithContext(ctx)
 	for p := range parts {
 		ps := w.part(p)
-		if ps == nil {
-			out[p] = 0 // not ours (any more): settle drops its expiries
-			continue
+		var cons jetstream.Consumer
+		if ps != nil {
+			cons = ps.consumer()
 		}
-		cons := ps.consumer()
 		if cons == nil {
-			out[p] = 0
+			out[p] = 0 // not ours (any more), or not consuming yet: settle drops its expiries
 			continue
 		}
 		done := ps.doneTS.Load()
-		info, err := cons.Info(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
-		}
-		// Nothing left undelivered: caught up. Messages delivered and not acked (in our
-		// buffer, or held by a crashed predecessor until AckWait) need no waiting for: settle
-		// reads each sensor's last message in READINGS itself.
-		if info.NumPending == 0 {
-			out[p] = int64(^uint64(0) >> 1)
-		} else {
-			out[p] = done
-		}
+		g.Go(func() error {
+			info, err := cons.Info(gctx)
+			if err != nil {
+				return fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
+			}
+			// Nothing left undelivered: caught up. Messages delivered and not acked (in our
+			// buffer, or held by a crashed predecessor until AckWait) need no waiting for:
+			// settle reads each sensor's last message in READINGS itself.
+			upTo := done
+			if info.NumPending == 0 {
+				upTo = int64(^uint64(0) >> 1)
+			}
+			mu.Lock()
+			out[p] = upTo
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -117,8 +141,9 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 // MaxHold: a backlog that does not drain must not hide a sensor that really went silent.
 // settle still reads the sensor's last message in READINGS, so one whose reading did reach
 // the log is refreshed, not declared; one whose reading is still upstream is declared, and
-// restored when that reading comes through.
-func (w *Watchdog) declareRound(ctx context.Context) error {
+// restored when that reading comes through. next is the earliest deadline a held expiry
+// waits for (zero: none).
+func (w *Watchdog) declareRound(ctx context.Context) (next time.Time, err error) {
 	// Asked every round, so that a recovery is seen even while nothing is held.
 	behind := w.upstream.behind(ctx)
 	now := time.Now()
@@ -127,7 +152,7 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
 		w.mu.Unlock()
 		w.setHeldGauges(0, time.Time{}, now)
-		return nil
+		return time.Time{}, nil
 	}
 	parts := map[int]bool{}
 	if !behind {
@@ -153,10 +178,14 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		// Due: its partition has applied every reading stored before it, upstream too.
 		due := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.PartitionCount)]
 		c.overdue = !due && now.Sub(c.heldSince) >= w.cfg.MaxHold
-		if due || c.overdue {
+		if wait := c.notBefore.After(now); (due || c.overdue) && !wait {
 			jobs = append(jobs, job{s, c})
 			delete(w.held, s)
-		} else if oldest.IsZero() || c.heldSince.Before(oldest) {
+			continue
+		} else if wait && (next.IsZero() || c.notBefore.Before(next)) {
+			next = c.notBefore
+		}
+		if oldest.IsZero() || c.heldSince.Before(oldest) {
 			oldest = c.heldSince
 		}
 	}
@@ -165,14 +194,14 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	w.mu.Unlock()
 	w.setHeldGauges(n, oldest, now)
 	if len(jobs) == 0 {
-		return lagErr
+		return next, lagErr
 	}
-	readings, err := w.js.Stream(ctx, natsx.ReadingsStream)
+	readings, err := w.readingsStream(ctx)
 	if err != nil {
 		for _, j := range jobs {
 			w.requeue(j.sensor, j.c)
 		}
-		return fmt.Errorf("READINGS: %w", err)
+		return next, err
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(w.cfg.Concurrency)
@@ -190,9 +219,32 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	}
 	_ = g.Wait()
 	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
+		return next, fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
 	}
-	return lagErr
+	return next, lagErr
+}
+
+// readingsStream is READINGS, looked up once: a round then costs no stream info request.
+func (w *Watchdog) readingsStream(ctx context.Context) (jetstream.Stream, error) {
+	if s := w.readings.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := w.js.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		return nil, fmt.Errorf("READINGS: %w", err)
+	}
+	w.readings.Store(&s)
+	return s, nil
+}
+
+// holdUntil holds sensor's expiry again until deadline, unless a newer one came meanwhile.
+func (w *Watchdog) holdUntil(sensor string, c candidate, deadline time.Time) {
+	c.notBefore = deadline
+	w.requeue(sensor, c)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 // setHeldGauges publishes how many expiries are held and how long the oldest has been.

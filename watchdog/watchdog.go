@@ -62,6 +62,10 @@ type Watchdog struct {
 	heldPeak int
 	// wake tells the declare loop that an expiry was held.
 	wake chan struct{}
+	// readings is the READINGS stream handle, looked up by the first declare round.
+	readings atomic.Pointer[jetstream.Stream]
+	// appended carries the facts settle appended to finishFacts, which waits for their acks.
+	appended chan appended
 
 	m metrics
 }
@@ -83,6 +87,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		parts:    map[int]*partState{},
 		held:     map[string]candidate{},
 		wake:     make(chan struct{}, 1),
+		appended: make(chan appended, appendedQueue),
 	}
 	empty := map[string]time.Duration{}
 	w.overrides.Store(&empty)
@@ -117,6 +122,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.leases.Run(gctx, w.own) })
 	g.Go(func() error { return w.declareLoop(gctx) })
+	g.Go(func() error { return w.finishFacts(gctx) })
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")
 	})
