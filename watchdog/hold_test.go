@@ -5,9 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
@@ -68,22 +66,13 @@ func TestExpiryHeldUntilDeadline(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
-	// Not running: settle is driven by hand.
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
-		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, s := e.handDriven(lostAfter)
 	ctx := t.Context()
 	w.parts[partition.Of("edge", testPartitions)] = &partState{lease: ctx}
 	received := e.reading("edge")
 	deadline := received.Add(lostAfter)
 	// The key as the reading's refresh wrote it; the candidate stands for its expiry.
 	ack, err := e.nats.JS.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject("edge"), Data: encodeValue(received, 1, false)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := e.nats.JS.Stream(ctx, natsx.ReadingsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
