@@ -29,8 +29,11 @@ type candidate struct {
 	// overdue: settled because it was held for MaxHold, not because the pipeline caught up.
 	overdue bool
 	// notBefore: a key expired less than a second before the sensor's deadline (its TTL is
-	// rounded down to whole seconds, see ttlFor) waits for the deadline itself.
+	// rounded down to whole seconds, see ttlFor) waits for the deadline itself, with the
+	// receive time and READINGS sequence of the sensor's last reading settle found.
 	notBefore time.Time
+	received  time.Time
+	lastSeq   uint64
 }
 
 // declareBurstWait lets a burst of markers gather into one declare round.
