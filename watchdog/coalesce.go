@@ -7,12 +7,10 @@ import (
 )
 
 // ttlFor is the TTL that makes the key expire lost_after after the reading was received:
-// what is left, rounded down to whole seconds (the server's unit), so the key expires at
-// most a second before the deadline and settle holds the expiry until the deadline itself
-// (rounding up would make every fact up to a second late); at least 1 s so an
-// already-overdue sensor expires at once and goes through the check.
+// what is left, rounded up to whole seconds (the server's unit) so it never expires early,
+// and at least 1 s so an already-overdue sensor expires at once and goes through the check.
 func ttlFor(left time.Duration) time.Duration {
-	s := left / time.Second
+	s := (left + time.Second - 1) / time.Second
 	if s < 1 {
 		s = 1
 	}
@@ -31,7 +29,7 @@ func (w *Watchdog) refreshMsg(sensor string, received time.Time, seq uint64, now
 // always settled against the sensor's last message in READINGS: a key that expires up to
 // the slack early finds a reading younger than lost_after and is refreshed with the time
 // left, so the fact still comes on time. Short timeouts (tests, demos) write every reading,
-// since a refresh-on-check costs a round of expiry and check per second left.
+// since the refresh-on-check rounds its TTL up to a whole second.
 func coalesceSlack(lostAfter time.Duration) time.Duration {
 	if lostAfter < time.Minute {
 		return 0

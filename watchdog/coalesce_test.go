@@ -52,11 +52,11 @@ func TestTTLFor(t *testing.T) {
 		left, want time.Duration
 	}{
 		{3 * time.Second, 3 * time.Second},
-		{2900 * time.Millisecond, 2 * time.Second},
-		{3001 * time.Millisecond, 3 * time.Second},
+		{2900 * time.Millisecond, 3 * time.Second},
+		{3001 * time.Millisecond, 4 * time.Second},
 		{time.Nanosecond, time.Second},
-		{time.Hour - 500*time.Millisecond, time.Hour - time.Second}, // never late: rounded down, settle waits for the deadline
-		{0, time.Second}, // due now: expires at once, goes through the check
+		{time.Hour - 500*time.Millisecond, time.Hour}, // never early: rounded up
+		{0, time.Second},                              // due now: expires at once, goes through the check
 		{-time.Hour, time.Second},
 	}
 	for _, c := range cases {
@@ -82,7 +82,7 @@ func TestRefreshMsgTTL(t *testing.T) {
 	}{
 		{"fresh reading: the whole lost_after", "door0", now, time.Hour},
 		{"applied 10 min late: what is left", "door0", now.Add(-10 * time.Minute), 50 * time.Minute},
-		{"part of a second over a whole one left: rounded down", "door0", now.Add(-time.Hour + 2500*time.Millisecond), 2 * time.Second},
+		{"part of a second left: rounded up", "door0", now.Add(-time.Hour + 1500*time.Millisecond), 2 * time.Second},
 		{"already overdue: at once", "door0", now.Add(-2 * time.Hour), time.Second},
 		{"override", "slow", now.Add(-time.Second), 4 * time.Second},
 	}

@@ -10,10 +10,8 @@
 // partition of READINGS. It never decides "lost" itself: the state projector does, from the
 // log alone (fact time − last reading ≥ lost_after), so replays give the same answer.
 //
-// The server counts per-message TTLs in whole seconds, so the TTL is rounded down: the key
-// expires up to a second before the deadline, and settle, finding the last reading less than
-// lost_after old by under a second, holds the expiry until the deadline itself. A fact comes
-// at the deadline (plus the server's expiry timer when that is later), never before it.
+// The server counts per-message TTLs in whole seconds, so the TTL is rounded up: a fact comes
+// up to about a second after the deadline (plus the server's expiry timer), never before it.
 // Markers live 24 h (natsx.Declare), so one that expires while the watchdog is down is still
 // there, replayed by the watcher, when it comes back; the sweep catches anything older.
 //

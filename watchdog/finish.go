@@ -45,9 +45,6 @@ func (w *Watchdog) finishFacts(ctx context.Context) error {
 		case <-a.fut.Ok():
 			w.factStored(ctx, a)
 		case err := <-a.fut.Err():
-			if isWrongLastSeq(err) {
-				break // the sensor reported meanwhile: its key is refreshed, nothing to declare
-			}
 			w.log.Warn("append liveness_timeout failed; will settle it again", "sensor", a.sensor, "err", err)
 			w.requeue(a.sensor, a.c)
 		case <-t.C:

@@ -28,12 +28,6 @@ type candidate struct {
 	heldSince time.Time
 	// overdue: settled because it was held for MaxHold, not because the pipeline caught up.
 	overdue bool
-	// notBefore: a key expired less than a second before the sensor's deadline (its TTL is
-	// rounded down to whole seconds, see ttlFor) waits for the deadline itself, with the
-	// receive time and READINGS sequence of the sensor's last reading settle found.
-	notBefore time.Time
-	received  time.Time
-	lastSeq   uint64
 }
 
 // declareBurstWait lets a burst of markers gather into one declare round.
@@ -70,29 +64,20 @@ func (w *Watchdog) supersede(sensor string, rev uint64) {
 	}
 }
 
-// declareLoop examines the held expiries whenever one arrives, when the earliest deadline
-// an expiry waits for comes, and every HoldCheckEvery.
+// declareLoop examines the held expiries whenever one arrives and every HoldCheckEvery.
 func (w *Watchdog) declareLoop(ctx context.Context) error {
 	t := time.NewTicker(w.cfg.HoldCheckEvery)
 	defer t.Stop()
-	due := time.NewTimer(time.Hour)
-	due.Stop()
-	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-		case <-due.C:
 		case <-w.wake:
 			backoff.Sleep(ctx, declareBurstWait)
 		}
-		next, err := w.declareRound(ctx)
-		if err != nil && ctx.Err() == nil {
+		if err := w.declareRound(ctx); err != nil && ctx.Err() == nil {
 			w.log.Warn("examining expiries", "err", err)
-		}
-		if !next.IsZero() {
-			due.Reset(time.Until(next))
 		}
 	}
 }
@@ -144,9 +129,8 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 // MaxHold: a backlog that does not drain must not hide a sensor that really went silent.
 // settle still reads the sensor's last message in READINGS, so one whose reading did reach
 // the log is refreshed, not declared; one whose reading is still upstream is declared, and
-// restored when that reading comes through. next is the earliest deadline a held expiry
-// waits for (zero: none).
-func (w *Watchdog) declareRound(ctx context.Context) (next time.Time, err error) {
+// restored when that reading comes through.
+func (w *Watchdog) declareRound(ctx context.Context) error {
 	// Asked every round, so that a recovery is seen even while nothing is held.
 	behind := w.upstream.behind(ctx)
 	now := time.Now()
@@ -155,7 +139,7 @@ func (w *Watchdog) declareRound(ctx context.Context) (next time.Time, err error)
 		w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
 		w.mu.Unlock()
 		w.setHeldGauges(0, time.Time{}, now)
-		return time.Time{}, nil
+		return nil
 	}
 	parts := map[int]bool{}
 	if !behind {
@@ -181,14 +165,10 @@ func (w *Watchdog) declareRound(ctx context.Context) (next time.Time, err error)
 		// Due: its partition has applied every reading stored before it, upstream too.
 		due := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.PartitionCount)]
 		c.overdue = !due && now.Sub(c.heldSince) >= w.cfg.MaxHold
-		if wait := c.notBefore.After(now); (due || c.overdue) && !wait {
+		if due || c.overdue {
 			jobs = append(jobs, job{s, c})
 			delete(w.held, s)
-			continue
-		} else if wait && (next.IsZero() || c.notBefore.Before(next)) {
-			next = c.notBefore
-		}
-		if oldest.IsZero() || c.heldSince.Before(oldest) {
+		} else if oldest.IsZero() || c.heldSince.Before(oldest) {
 			oldest = c.heldSince
 		}
 	}
@@ -197,14 +177,14 @@ func (w *Watchdog) declareRound(ctx context.Context) (next time.Time, err error)
 	w.mu.Unlock()
 	w.setHeldGauges(n, oldest, now)
 	if len(jobs) == 0 {
-		return next, lagErr
+		return lagErr
 	}
 	readings, err := w.readingsStream(ctx)
 	if err != nil {
 		for _, j := range jobs {
 			w.requeue(j.sensor, j.c)
 		}
-		return next, err
+		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(w.cfg.Concurrency)
@@ -222,9 +202,9 @@ func (w *Watchdog) declareRound(ctx context.Context) (next time.Time, err error)
 	}
 	_ = g.Wait()
 	if n := failed.Load(); n > 0 {
-		return next, fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
+		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
 	}
-	return next, lagErr
+	return lagErr
 }
 
 // readingsStream is READINGS, looked up once: a round then costs no stream info request.
@@ -238,16 +218,6 @@ func (w *Watchdog) readingsStream(ctx context.Context) (jetstream.Stream, error)
 	}
 	w.readings.Store(&s)
 	return s, nil
-}
-
-// holdUntil holds sensor's expiry again until deadline, unless a newer one came meanwhile.
-func (w *Watchdog) holdUntil(sensor string, c candidate, deadline time.Time) {
-	c.notBefore = deadline
-	w.requeue(sensor, c)
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
 }
 
 // setHeldGauges publishes how many expiries are held and how long the oldest has been.

@@ -4,9 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -56,55 +53,5 @@ func TestHeldExpiryDeclaredAtMaxHold(t *testing.T) {
 	time.Sleep(lostAfter)
 	if n := len(f.of("gone")); n != 1 {
 		t.Errorf("%d facts, want 1", n)
-	}
-}
-
-// A key expires up to a second before its sensor's deadline (TTLs are rounded down to whole
-// seconds): settle then holds the expiry until the deadline itself, writing nothing, rather
-// than refreshing the key for another whole second, and declares the sensor at the deadline.
-func TestExpiryHeldUntilDeadline(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, lostAfter)
-	f := e.collectFacts()
-	w, s := e.handDriven(lostAfter)
-	ctx := t.Context()
-	w.parts[partition.Of("edge", testPartitions)] = &partState{lease: ctx}
-	received := e.reading("edge")
-	deadline := received.Add(lostAfter)
-	// The key as the reading's refresh wrote it; the candidate stands for its expiry.
-	ack, err := e.nats.JS.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject("edge"), Data: encodeValue(received, 1, false)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Until(deadline.Add(-500 * time.Millisecond)))
-	if err := w.settle(ctx, s, "edge", candidate{rev: ack.Sequence, expect: true, at: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	kvs, err := e.nats.JS.Stream(ctx, kvStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, err := kvs.GetLastMsgForSubject(ctx, w.kvSubject("edge")); err != nil || m.Sequence != ack.Sequence {
-		t.Errorf("key after settling half a second before the deadline: %v, %v; want it untouched at revision %d", m, err, ack.Sequence)
-	}
-	w.mu.Lock()
-	c, held := w.held["edge"]
-	w.mu.Unlock()
-	if !held || !c.notBefore.Equal(deadline) {
-		t.Fatalf("held %v %+v, want the expiry held until the deadline %s", held, c, deadline)
-	}
-	if n := len(f.of("edge")); n != 0 {
-		t.Fatalf("%d facts before the deadline, want 0", n)
-	}
-	time.Sleep(time.Until(c.notBefore))
-	if err := w.settle(ctx, s, "edge", c); err != nil {
-		t.Fatal(err)
-	}
-	got, ok := f.waitFact("edge", time.Now().Add(5*time.Second))
-	if !ok {
-		t.Fatal("no fact once the deadline came")
-	}
-	if got.fact.ReceivedTime.Before(deadline) {
-		t.Errorf("fact at %s, before the deadline %s", got.fact.ReceivedTime, deadline)
 	}
 }

@@ -24,54 +24,39 @@ func FactMsgID(sensor string, seq uint64) string {
 
 // settle decides one expiry from the sensor's last message in READINGS: nothing when it
 // already is a liveness_timeout (the key is marked), a refresh with the time left when it is
-// a reading younger than lost_after, the fact otherwise. The fact is appended only if that
-// message is still the sensor's last (a reading that came meanwhile makes it fail), so an
-// expiry held until its deadline needs no second look.
+// a reading younger than lost_after, the fact otherwise.
 func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) error {
 	p := partition.Of(sensor, w.cfg.PartitionCount)
-	received, lastSeq := c.received, c.lastSeq
+	last, err := readings.GetLastMsgForSubject(ctx, natsx.ReadingsStoredSubject(p, sensor))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // nothing was ever read from it: nothing to declare
+	}
+	if err != nil {
+		return fmt.Errorf("last READINGS message of %s: %w", sensor, err)
+	}
+	if !w.mayAct(p) {
+		return nil // p's new owner settles it, from the marker its watch replays
+	}
+	l, err := event.CheckLog(last.Subject, last.Data, w.cfg.PartitionCount)
+	if err != nil {
+		// A forged or malformed last message (set aside by the consumers) must not hide the
+		// sensor's silence for ever: it counts as nothing more than a message stored then.
+		l = event.Log{Kind: event.KindReading, SensorID: sensor, ReceivedTime: last.Time}
+	}
 	expect := []jetstream.PublishOpt{}
 	if c.expect {
 		expect = append(expect, jetstream.WithExpectLastSequencePerSubject(c.rev))
 	}
-	if lastSeq == 0 {
-		last, err := readings.GetLastMsgForSubject(ctx, natsx.ReadingsStoredSubject(p, sensor))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil // nothing was ever read from it: nothing to declare
-		}
-		if err != nil {
-			return fmt.Errorf("last READINGS message of %s: %w", sensor, err)
-		}
-		if !w.mayAct(p) {
-			return nil // p's new owner settles it, from the marker its watch replays
-		}
-		l, err := event.CheckLog(last.Subject, last.Data, w.cfg.PartitionCount)
-		if err != nil {
-			// A forged or malformed last message (set aside by the consumers) must not hide the
-			// sensor's silence for ever: it counts as nothing more than a message stored then.
-			l = event.Log{Kind: event.KindReading, SensorID: sensor, ReceivedTime: last.Time}
-		}
-		if l.Kind == event.KindLivenessTimeout {
-			w.m.alreadyDeclared.Inc()
-			// Declared before (e.g. we stopped before marking the key): mark it now.
-			return w.markDeclared(ctx, sensor, last, expect)
-		}
-		received, lastSeq = l.ReceivedTime, last.Sequence
-	} else if !w.mayAct(p) {
-		return nil
+	if l.Kind == event.KindLivenessTimeout {
+		w.m.alreadyDeclared.Inc()
+		// Declared before (e.g. we stopped before marking the key): mark it now.
+		return w.markDeclared(ctx, sensor, last, expect)
 	}
+	received, lastSeq := l.ReceivedTime, last.Sequence
 	lostAfter := w.lostAfter(sensor)
 	now := time.Now()
-	left := lostAfter - now.Sub(received)
-	if left > 0 && left < time.Second {
-		// The key's TTL was rounded down (ttlFor): wait for the deadline itself.
-		c.received, c.lastSeq = received, lastSeq
-		w.holdUntil(sensor, c, received.Add(lostAfter))
-		return nil
-	}
-	if left > 0 {
-		// A reading younger than lost_after: the key expired because we were behind (or
-		// the reading's refresh was coalesced).
+	if left := lostAfter - now.Sub(received); left > 0 {
+		// A reading younger than lost_after: the key expired because we were behind.
 		w.m.refreshedOnCheck.Inc()
 		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(received, lastSeq, false), Header: nats.Header{}},
 			append(expect, jetstream.WithMsgTTL(ttlFor(left)))...)
@@ -90,7 +75,7 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 	}
 	a := appended{sensor: sensor, c: c, received: received, lastSeq: lastSeq, lostAfter: lostAfter, at: now, expect: expect}
 	msg := &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: body, Header: nats.Header{}}
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(FactMsgID(sensor, lastSeq)), jetstream.WithExpectLastSequencePerSubject(lastSeq)}
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(FactMsgID(sensor, lastSeq))}
 	// Appended without waiting for the ack, which is the finisher's (finish.go): a burst of
 	// expiries is then bound by what READINGS stores per second, not by round trips.
 	if a.fut, err = w.js.PublishMsgAsync(msg, opts...); err == nil {
@@ -102,11 +87,7 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 		}
 	}
 	// Too many appends in flight: this one waits for its own ack.
-	_, err = w.js.PublishMsg(ctx, msg, opts...)
-	if isWrongLastSeq(err) {
-		return nil // the sensor reported meanwhile: its key is refreshed, nothing to declare
-	}
-	if err != nil {
+	if _, err := w.js.PublishMsg(ctx, msg, opts...); err != nil {
 		return fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
 	}
 	w.factStored(ctx, a)
