@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -52,13 +53,12 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 		// Declared before (e.g. we stopped before marking the key): mark it now.
 		return w.markDeclared(ctx, sensor, last, expect)
 	}
-	received, lastSeq := l.ReceivedTime, last.Sequence
 	lostAfter := w.lostAfter(sensor)
 	now := time.Now()
-	if left := lostAfter - now.Sub(received); left > 0 {
+	if left := lostAfter - now.Sub(l.ReceivedTime); left > 0 {
 		// A reading younger than lost_after: the key expired because we were behind.
 		w.m.refreshedOnCheck.Inc()
-		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(received, lastSeq, false), Header: nats.Header{}},
+		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, false), Header: nats.Header{}},
 			append(expect, jetstream.WithMsgTTL(ttlFor(left)))...)
 		if isWrongLastSeq(err) {
 			return nil // refreshed meanwhile
@@ -73,24 +73,28 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 	if err != nil {
 		return err
 	}
-	a := appended{sensor: sensor, c: c, received: received, lastSeq: lastSeq, lostAfter: lostAfter, at: now, expect: expect}
-	msg := &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: body, Header: nats.Header{}}
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(FactMsgID(sensor, lastSeq))}
-	// Appended without waiting for the ack, which is the finisher's (finish.go): a burst of
-	// expiries is then bound by what READINGS stores per second, not by round trips.
-	if a.fut, err = w.js.PublishMsgAsync(msg, opts...); err == nil {
-		select {
-		case w.appended <- a:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	// Too many appends in flight: this one waits for its own ack.
-	if _, err := w.js.PublishMsg(ctx, msg, opts...); err != nil {
+	if _, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: body, Header: nats.Header{}},
+		jetstream.WithMsgID(FactMsgID(sensor, last.Sequence))); err != nil {
 		return fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
 	}
-	w.factStored(ctx, a)
+	w.m.facts.Inc()
+	if c.overdue {
+		w.m.declaredAtMaxHold.Inc()
+		w.log.Warn("sensor declared lost despite the pipeline lag: its expiry was held for max_hold",
+			"sensor", sensor, "held_for", now.Sub(c.heldSince).Round(time.Millisecond), "max_hold", w.cfg.MaxHold, "last_reading", l.ReceivedTime)
+	}
+	w.forget(sensor)
+	w.m.delay.Observe(now.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
+	if !c.at.IsZero() {
+		w.m.markerLag.Observe(c.at.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
+	}
+	crashpoint.Hit("watchdog.after_fact")
+	// Marking the key only spares a restart from settling this expiry again (which would
+	// find the fact as the sensor's last message and append nothing): no need to wait.
+	put := &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, true), Header: nats.Header{}}
+	if _, err := w.js.PublishMsgAsync(put, expect...); err != nil {
+		return w.markDeclared(ctx, sensor, last, expect)
+	}
 	return nil
 }
 

@@ -64,8 +64,6 @@ type Watchdog struct {
 	wake chan struct{}
 	// readings is the READINGS stream handle, looked up by the first declare round.
 	readings atomic.Pointer[jetstream.Stream]
-	// appended carries the facts settle appended to finishFacts, which waits for their acks.
-	appended chan appended
 
 	m metrics
 }
@@ -87,7 +85,6 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		parts:    map[int]*partState{},
 		held:     map[string]candidate{},
 		wake:     make(chan struct{}, 1),
-		appended: make(chan appended, appendedQueue),
 	}
 	empty := map[string]time.Duration{}
 	w.overrides.Store(&empty)
@@ -122,7 +119,6 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.leases.Run(gctx, w.own) })
 	g.Go(func() error { return w.declareLoop(gctx) })
-	g.Go(func() error { return w.finishFacts(gctx) })
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")
 	})
