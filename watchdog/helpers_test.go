@@ -190,6 +190,22 @@ func (e *env) start(cfg Config) (*Watchdog, *prometheus.Registry, func()) {
 	return w, reg, stop
 }
 
+// handDriven is a watchdog that is not running, for a test to drive settle by hand, and
+// READINGS as settle reads it.
+func (e *env) handDriven(lostAfter time.Duration) (*Watchdog, jetstream.Stream) {
+	e.t.Helper()
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(e.t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s, err := e.nats.JS.Stream(context.Background(), natsx.ReadingsStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return w, s
+}
+
 type seenFact struct {
 	fact event.Log
 	seq  uint64

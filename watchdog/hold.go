@@ -3,9 +3,11 @@ package watchdog
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
@@ -81,33 +83,43 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 }
 
 // caughtUp reports, per partition, the stored time up to which every reading has refreshed
-// its key (math.MaxInt64 when the consumer has nothing left undelivered).
+// its key (math.MaxInt64 when the consumer has nothing left undelivered). The partitions'
+// consumers are asked at once: one round trip per round, not one per partition.
 func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
+	var mu sync.Mutex
 	out := map[int]int64{}
+	g, gctx := errgroup.WithContext(ctx)
 	for p := range parts {
 		ps := w.part(p)
-		if ps == nil {
-			out[p] = 0 // not ours (any more): settle drops its expiries
-			continue
+		var cons jetstream.Consumer
+		if ps != nil {
+			cons = ps.consumer()
 		}
-		cons := ps.consumer()
 		if cons == nil {
-			out[p] = 0
+			out[p] = 0 // not ours (any more), or not consuming yet: settle drops its expiries
 			continue
 		}
 		done := ps.doneTS.Load()
-		info, err := cons.Info(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
-		}
-		// Nothing left undelivered: caught up. Messages delivered and not acked (in our
-		// buffer, or held by a crashed predecessor until AckWait) need no waiting for: settle
-		// reads each sensor's last message in READINGS itself.
-		if info.NumPending == 0 {
-			out[p] = int64(^uint64(0) >> 1)
-		} else {
-			out[p] = done
-		}
+		g.Go(func() error {
+			info, err := cons.Info(gctx)
+			if err != nil {
+				return fmt.Errorf("READINGS consumer of partition %d: %w", p, err)
+			}
+			// Nothing left undelivered: caught up. Messages delivered and not acked (in our
+			// buffer, or held by a crashed predecessor until AckWait) need no waiting for:
+			// settle reads each sensor's last message in READINGS itself.
+			upTo := done
+			if info.NumPending == 0 {
+				upTo = int64(^uint64(0) >> 1)
+			}
+			mu.Lock()
+			out[p] = upTo
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -167,12 +179,12 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	if len(jobs) == 0 {
 		return lagErr
 	}
-	readings, err := w.js.Stream(ctx, natsx.ReadingsStream)
+	readings, err := w.readingsStream(ctx)
 	if err != nil {
 		for _, j := range jobs {
 			w.requeue(j.sensor, j.c)
 		}
-		return fmt.Errorf("READINGS: %w", err)
+		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(w.cfg.Concurrency)
@@ -193,6 +205,19 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
 	}
 	return lagErr
+}
+
+// readingsStream is READINGS, looked up once: a round then costs no stream info request.
+func (w *Watchdog) readingsStream(ctx context.Context) (jetstream.Stream, error) {
+	if s := w.readings.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := w.js.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		return nil, fmt.Errorf("READINGS: %w", err)
+	}
+	w.readings.Store(&s)
+	return s, nil
 }
 
 // setHeldGauges publishes how many expiries are held and how long the oldest has been.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,24 +140,43 @@ func TestKeyOfSensor(t *testing.T) {
 		{"", false},
 		{"a", true},
 		{"0123456789aBcDeF", true},
+		{"zzzzzzzzzzzzzzzz", true},
 		{"0123456789aBcDeFx", false}, // 17 bytes
-		{"a\x00", false},             // would share a key with "a"
+		{"a\x00", false},             // not a letter or digit
+		{"a-b", false},
+		{"é", false},
 	}
 	for _, c := range cases {
 		t.Run(strconv.Quote(c.id), func(t *testing.T) {
-			k, ok := keyOfSensor(c.id)
-			if ok != c.ok {
+			if _, ok := keyOfSensor(c.id); ok != c.ok {
 				t.Fatalf("keyOfSensor(%q) ok = %v, want %v", c.id, ok, c.ok)
-			}
-			if ok && string(k[:len(c.id)]) != c.id {
-				t.Errorf("key %q does not start with the id", k)
 			}
 		})
 	}
-	a, _ := keyOfSensor("door0")
-	b, _ := keyOfSensor("door00")
-	if a == b {
-		t.Error("door0 and door00 share a key")
+	// No two ids share a key: every character in every position, ids of every length, and
+	// the ones a padding or case mix-up would merge.
+	const chars = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	seen := map[sensorKey]string{}
+	add := func(id string) {
+		k, ok := keyOfSensor(id)
+		if !ok {
+			t.Fatalf("keyOfSensor(%q) refused a contract id", id)
+		}
+		if other, dup := seen[k]; dup && other != id {
+			t.Fatalf("%q and %q share a key", id, other)
+		}
+		seen[k] = id
+	}
+	for pos := range 16 {
+		for _, c := range []byte(chars) {
+			id := []byte("0000000000000000")[:pos+1]
+			id[pos] = c
+			add(string(id))
+			add(strings.Repeat("z", pos) + string(c))
+		}
+	}
+	for _, id := range []string{"door0", "door00", "A", "a", "0", "00", "Door0", "0123456789aBcDeF", "0123456789aBcDeE", "1123456789aBcDeF"} {
+		add(id)
 	}
 }
 

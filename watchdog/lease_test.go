@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
@@ -200,15 +199,7 @@ func TestSettleOnlyWhileOwned(t *testing.T) {
 	const lostAfter = time.Second
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
-		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := e.nats.JS.Stream(t.Context(), natsx.ReadingsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, s := e.handDriven(lostAfter)
 	e.reading("gone")
 	time.Sleep(lostAfter)
 	p := partition.Of("gone", testPartitions)

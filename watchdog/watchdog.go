@@ -62,6 +62,8 @@ type Watchdog struct {
 	heldPeak int
 	// wake tells the declare loop that an expiry was held.
 	wake chan struct{}
+	// readings is the READINGS stream handle, looked up by the first declare round.
+	readings atomic.Pointer[jetstream.Stream]
 
 	m metrics
 }

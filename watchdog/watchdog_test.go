@@ -8,13 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
-	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 const lostAfter = 3 * time.Second
@@ -110,20 +107,11 @@ func TestSettleIsIdempotent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
-	// Not running: settle is driven by hand.
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
-		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, s := e.handDriven(lostAfter)
 	ctx := t.Context()
 	// Owned as a running watchdog would own it: settle acts only for its own partitions.
 	w.parts[partition.Of("dup", testPartitions)] = &partState{lease: ctx}
 	e.reading("dup")
-	s, err := e.nats.JS.Stream(ctx, natsx.ReadingsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := w.settle(ctx, s, "dup", candidate{}); err != nil {
 		t.Fatal(err)
 	}
