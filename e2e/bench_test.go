@@ -29,6 +29,10 @@ func (s *system) metric(name string) float64 {
 // (publish start → last reading committed), their ratio, and the lag from publish to the
 // state projection (sampled every 250 ms as now − the newest committed reading's ts).
 //
+// Also reported: the CPU the process spent per reading (process_cpu_seconds_total over the
+// run, divided by the readings), split between locks' own code and the embedded NATS server
+// by a CPU profile of the publishing phase (natsShare).
+//
 // It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
 // one run, so that the cost of fsync on every write is measured on the same machine and load:
 // sync=2m is nats-server's default, sync=always what the README's "Durability" chooses.
@@ -44,13 +48,15 @@ func BenchmarkEndToEndIngest(b *testing.B) {
 
 func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 	for range b.N {
-		s := start(b, env...)
+		s := start(b, append([]string{"LOCKS_PPROF=true"}, env...)...)
 		pool, err := pgxpool.New(b.Context(), s.pgURL)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer pool.Close()
 		b.ResetTimer()
+		cpu0 := s.metric("process_cpu_seconds_total")
+		prof := s.cpuProfile(b.Context(), dur)
 		type res struct {
 			books loadgen.Books
 			err   error
@@ -91,7 +97,16 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 			time.Sleep(250 * time.Millisecond)
 		}
 		committed := time.Since(r.books.Start)
+		cpu := s.metric("process_cpu_seconds_total") - cpu0
 		b.StopTimer()
+		p, err := prof()
+		if err != nil {
+			b.Fatalf("CPU profile: %v", err)
+		}
+		saveProfile(b, p)
+		if applied := s.metric("locks_state_applied_total"); applied != float64(r.books.Published) {
+			b.Fatalf("books: %v readings applied to the state, %d published", applied, r.books.Published)
+		}
 		pubRate := float64(r.books.Published) / r.books.End.Sub(r.books.Start).Seconds()
 		stateRate := float64(r.books.Published) / committed.Seconds()
 		slices.Sort(lags)
@@ -102,5 +117,10 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		b.ReportMetric(q(0.5), "p50-lag-ms")
 		b.ReportMetric(q(0.99), "p99-lag-ms")
 		b.ReportMetric(float64(r.books.Published), "readings")
+		perReading := cpu / float64(r.books.Published) * 1e6
+		share := natsShare(p)
+		b.ReportMetric(perReading, "cpu-µs/reading")
+		b.ReportMetric(perReading*(1-share), "locks-cpu-µs/reading")
+		b.ReportMetric(perReading*share, "nats-cpu-µs/reading")
 	}
 }
