@@ -31,7 +31,7 @@ func (s *system) metric(name string) float64 {
 //
 // Also reported: the CPU the process spent per reading (process_cpu_seconds_total over the
 // run, divided by the readings), split between locks' own code and the embedded NATS server
-// by a CPU profile of the publishing phase (natsShare).
+// by a CPU profile of the publishing phase (natsShare), and the state projector's mean batch.
 //
 // It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
 // one run, so that the cost of fsync on every write is measured on the same machine and load:
@@ -56,6 +56,7 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		defer pool.Close()
 		b.ResetTimer()
 		cpu0 := s.metric("process_cpu_seconds_total")
+		batches0 := s.metric("locks_state_batch_size_count")
 		prof := s.cpuProfile(b.Context(), dur)
 		type res struct {
 			books loadgen.Books
@@ -98,6 +99,7 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		}
 		committed := time.Since(r.books.Start)
 		cpu := s.metric("process_cpu_seconds_total") - cpu0
+		batches := s.metric("locks_state_batch_size_count") - batches0
 		b.StopTimer()
 		p, err := prof()
 		if err != nil {
@@ -122,5 +124,7 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		b.ReportMetric(perReading, "cpu-µs/reading")
 		b.ReportMetric(perReading*(1-share), "locks-cpu-µs/reading")
 		b.ReportMetric(perReading*share, "nats-cpu-µs/reading")
+		// Each batch is one Postgres transaction and one ack: fewer, larger ones cost less.
+		b.ReportMetric(float64(r.books.Published)/batches, "readings/state-batch")
 	}
 }
