@@ -31,7 +31,8 @@ func (s *system) metric(name string) float64 {
 //
 // Also reported: the CPU the process spent per reading (process_cpu_seconds_total over the
 // run, divided by the readings), split between locks' own code and the embedded NATS server
-// by a CPU profile of the publishing phase (natsShare), and the state projector's mean batch.
+// by a CPU profile of the publishing phase (natsShare), the state projector's mean batch, and
+// the waits for a connection of the Postgres pool the parts share.
 //
 // It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
 // one run, so that the cost of fsync on every write is measured on the same machine and load:
@@ -57,6 +58,7 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		b.ResetTimer()
 		cpu0 := s.metric("process_cpu_seconds_total")
 		batches0 := s.metric("locks_state_batch_size_count")
+		waits0, waited0 := s.metric("locks_postgres_pool_empty_acquires_total"), s.metric("locks_postgres_pool_empty_wait_seconds_total")
 		prof := s.cpuProfile(b.Context(), dur)
 		type res struct {
 			books loadgen.Books
@@ -100,6 +102,7 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		committed := time.Since(r.books.Start)
 		cpu := s.metric("process_cpu_seconds_total") - cpu0
 		batches := s.metric("locks_state_batch_size_count") - batches0
+		waits, waited := s.metric("locks_postgres_pool_empty_acquires_total")-waits0, s.metric("locks_postgres_pool_empty_wait_seconds_total")-waited0
 		b.StopTimer()
 		p, err := prof()
 		if err != nil {
@@ -126,5 +129,10 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		b.ReportMetric(perReading*share, "nats-cpu-µs/reading")
 		// Each batch is one Postgres transaction and one ack: fewer, larger ones cost less.
 		b.ReportMetric(float64(r.books.Published)/batches, "readings/state-batch")
+		if s.metric("locks_postgres_pool_max_conns") > 0 { // a build without the pool's metrics has none
+			// Whether the parts starve for the one Postgres pool they share.
+			b.ReportMetric(waits, "pg-empty-acquires")
+			b.ReportMetric(waited/float64(r.books.Published)*1e6, "pg-wait-µs/reading")
+		}
 	}
 }

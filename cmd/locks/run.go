@@ -265,6 +265,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		}
 		defer pool.Close()
 		d.pg = pool
+		reg.MustRegister(poolCollector{pool})
 		srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, pool) })
 	}
 	if useCH {
