@@ -76,3 +76,22 @@ func gather(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+func TestPoolSize(t *testing.T) {
+	for _, c := range []struct {
+		url        string
+		parsed     int32
+		partitions int
+		want       int32
+	}{
+		{"postgres://h/db", 4, 16, 16 + poolSpare},
+		{"postgres://h/db", 4, 4, 4 + poolSpare},
+		{"postgres://h/db", 64, 4, 64}, // many CPUs: pgx's default is larger
+		{"postgres://h/db?pool_max_conns=3", 3, 16, 3},
+		{"host=h dbname=db pool_max_conns=5", 5, 16, 5},
+	} {
+		if got := poolSize(c.url, c.parsed, c.partitions); got != c.want {
+			t.Errorf("poolSize(%q, %d, %d) = %d, want %d", c.url, c.parsed, c.partitions, got, c.want)
+		}
+	}
+}

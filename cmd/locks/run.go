@@ -259,6 +259,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
 			pcfg.ConnConfig.RuntimeParams["application_name"] = "locks " + strings.Join(o.targets, ",")
 		}
+		pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
 		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
