@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -42,12 +43,18 @@ func BenchmarkEndToEndIngest(b *testing.B) {
 	if v, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_E2E_DURATION")); err == nil {
 		dur = v
 	}
+	// A fixed rate (LOCKS_BENCH_E2E_RATE) compares the CPU per reading of two builds on a
+	// machine whose load varies: as fast as possible, a busier moment means smaller batches.
+	rate := 200_000
+	if v, err := strconv.Atoi(os.Getenv("LOCKS_BENCH_E2E_RATE")); err == nil && v > 0 {
+		rate = v
+	}
 	for _, sync := range []string{"2m", "always"} {
-		b.Run("sync="+sync, func(b *testing.B) { benchIngest(b, dur, "LOCKS_NATS_SYNC="+sync) })
+		b.Run("sync="+sync, func(b *testing.B) { benchIngest(b, dur, rate, "LOCKS_NATS_SYNC="+sync) })
 	}
 }
 
-func benchIngest(b *testing.B, dur time.Duration, env ...string) {
+func benchIngest(b *testing.B, dur time.Duration, rate int, env ...string) {
 	for range b.N {
 		s := start(b, append([]string{"LOCKS_PPROF=true"}, env...)...)
 		pool, err := pgxpool.New(b.Context(), s.pgURL)
@@ -67,7 +74,7 @@ func benchIngest(b *testing.B, dur time.Duration, env ...string) {
 		done := make(chan res, 1)
 		go func() {
 			books, err := loadgen.Run(b.Context(), loadgen.Config{
-				AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: 10_000, Rate: 200_000,
+				AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: 10_000, Rate: float64(rate),
 				ChangeRatio: 0.1, Duration: dur, Prefix: "e2e", Seed: 1,
 			}, nil, testenv.Logger(b))
 			done <- res{books, err}
