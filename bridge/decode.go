@@ -79,9 +79,12 @@ func Decode(body []byte, receivedAt time.Time) (Reading, error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return Reading{}, invalid(ReasonNotJSON, "body: must be a JSON object")
 	}
-	var raw rawReading
-	if err := json.Unmarshal(body, &raw); err != nil {
-		return Reading{}, invalid(ReasonNotJSON, "body: must be a JSON object: "+err.Error())
+	raw, ok := scanReading(body)
+	if !ok {
+		raw = rawReading{}
+		if err := json.Unmarshal(body, &raw); err != nil {
+			return Reading{}, invalid(ReasonNotJSON, "body: must be a JSON object: "+err.Error())
+		}
 	}
 	r := Reading{ReceivedTime: receivedAt}
 

@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -82,7 +81,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	b.skew.observe(r)
 	id := MessageID(d)
 	origin := sess.id + "/" + strconv.FormatUint(d.DeliveryTag, 10)
-	body, err := json.Marshal(event.Log{
+	body, err := event.MarshalLog(event.Log{
 		V: event.Version, Kind: event.KindReading, SensorID: r.SensorID, Data: r.Data,
 		Time: r.Time, ReceivedTime: r.ReceivedTime, MessageID: id, Origin: origin,
 	})

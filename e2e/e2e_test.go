@@ -40,6 +40,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build locks:", err)
 		os.Exit(1)
 	}
+	// Another build of locks (an older commit's), to run old and new back to back on the same load.
+	if bin := os.Getenv("LOCKS_BENCH_LOCKS_BIN"); bin != "" {
+		locksBin = bin
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

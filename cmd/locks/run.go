@@ -264,12 +264,14 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		if pcfg.ConnConfig.RuntimeParams["jit"] == "" {
 			pcfg.ConnConfig.RuntimeParams["jit"] = "off"
 		}
+		pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
 		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
 			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
 		}
 		defer pool.Close()
 		d.pg = pool
+		reg.MustRegister(poolCollector{pool})
 		srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, pool) })
 	}
 	if useCH {

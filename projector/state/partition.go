@@ -143,6 +143,10 @@ func (w *partitionWorker) reset(ctx context.Context) error {
 		MaxAckPending: 4 * w.s.cfg.BatchSize,
 		MaxDeliver:    -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
+		// The checkpoint in Postgres is where the partition resumes, never the consumer's
+		// state: kept in memory, the server does not rewrite its state file ten times a
+		// second under load; a consumer lost with a NATS restart is recreated (fetch fails).
+		MemoryStorage: true,
 	}
 	if cp > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, cp+1

@@ -795,3 +795,27 @@ func stateCounterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// TestStateConsumerInMemory: the partitions' READINGS consumers keep their state in memory
+// (the checkpoint is Postgres's), so that NATS does not rewrite a state file for each of
+// them ten times a second under load; TestStateNATSRestart shows one lost with a restart
+// is recreated.
+func TestStateConsumerInMemory(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 2)
+	r := rand.New(rand.NewPCG(7, 8))
+	var pub statePublished
+	e.publish(t, e.nats.JS, stateRandomReadings(r, stateSensorIDs(r, 20), 200, 0.5, stateT0), &pub)
+	stop := e.runState(t, e.nats.JS, partition.All(e.n))
+	e.waitCaughtUp(t, &pub, 30*time.Second)
+	stop()
+	for p := range e.n {
+		c, err := e.nats.JS.Consumer(t.Context(), natsx.ReadingsStream, consumerName(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.CachedInfo().Config.MemoryStorage {
+			t.Errorf("consumer %s keeps its state on disk", consumerName(p))
+		}
+	}
+}
