@@ -38,8 +38,9 @@
 //     healthy receiver gets every revision in order. Newer events mark the older rows that
 //     wait for a retry (failed at least once) superseded at ingest, and a failed attempt
 //     of a row that has a newer one is superseded instead of retried; an older row whose attempt
-//     is in flight is flagged (supersede_on_finish) and superseded when that attempt ends
-//     unless it was delivered — flag and outcome are both UPDATEs of the row, so they
+//     is in flight is flagged (supersede_on_finish) and superseded when that attempt fails
+//     (not when it was delivered, nor when it was aborted by this process and had never
+//     failed before: it is sent again, first) — flag and outcome are both UPDATEs of the row, so they
 //     serialise on its lock and neither misses the other; a periodic sweep catches rows a
 //     crashed process left behind. Claiming takes an advisory lock per key and re-checks
 //     in a fresh snapshot, so two processes cannot put two revisions of one key in flight.

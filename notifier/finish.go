@@ -28,7 +28,9 @@ type result struct {
 // finish writes the outcomes of attempts in one transaction, with their attempt records in
 // the outbox. A row whose lease was lost (another process took it over after expiry) is left
 // alone. A failed attempt of a row that now has a newer revision is superseded instead of
-// retried. The endpoints' health is recorded with them, and a client failing for longer than
+// retried; an aborted one (this process stopping or giving a queued row back: no failure of
+// the receiver) supersedes only a row that had failed before, so a healthy receiver still
+// gets every revision. The endpoints' health is recorded with them, and a client failing for longer than
 // disableAfter is disabled (recordHealth). It returns the records written and the clients
 // disabled, with their reasons.
 func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration) ([]event.Attempt, map[string]string, error) {
@@ -59,7 +61,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		b.Queue(`SELECT 1 FROM notifier_deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE`, ids)
 		b.Queue(`
 			UPDATE notifier_deliveries d SET
-				state = CASE WHEN (NOT r.counted OR r.state = 'pending') AND d.supersede_on_finish THEN 'superseded'
+				state = CASE WHEN d.supersede_on_finish AND (r.counted AND r.state = 'pending' OR NOT r.counted AND d.attempts > 0) THEN 'superseded'
 				             WHEN NOT r.counted THEN d.state
 				             WHEN r.state = 'pending' AND `+newerExists+` THEN 'superseded'
 				             ELSE r.state END,
