@@ -381,71 +381,31 @@ func (r *run) stallAround(at time.Time) time.Duration {
 
 // checkRevisions reads all of EVENTS: each sensor's revisions are 1..n, each once, and n is
 // its revision in sensor_state. It returns the number of events.
-// explainMissing logs, for each state change in EVENTS the receiver did not get, its
-// delivery row (or its absence), so that a failed run says where the webhook stopped.
-func (r *run) explainMissing() {
-	t := r.t
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
-	defer cancel()
-	s, err := r.js.Stream(ctx, natsx.EventsStream)
-	if err != nil {
-		t.Logf("explain: %v", err)
-		return
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Logf("explain: %v", err)
-		return
-	}
-	shown := 0
-	for shown < 20 {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			t.Logf("explain: %v", err)
-			return
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			e, err := event.DecodeEvent(m.Data())
-			if err != nil || e.Type != event.TypeStateChanged || r.rcv.Seen(e.ID) {
-				continue
-			}
-			md, _ := m.Metadata()
-			var state, lastErr string
-			var attempts int
-			var lastStatus *int
-			err = r.pg.QueryRow(ctx, `SELECT state, attempts, last_status, coalesce(last_error, '') FROM notifier_deliveries WHERE event_id = $1`, e.ID).
-				Scan(&state, &attempts, &lastStatus, &lastErr)
-			t.Logf("missing webhook %s (sensor %s revision %d, EVENTS seq %d): delivery state %q attempts %d last status %v last error %q (%v)",
-				e.ID, e.SensorID, e.Revision, md.Sequence.Stream, state, attempts, lastStatus, lastErr, err)
-			shown++
-		}
-		if got == 0 {
-			return
-		}
-	}
+// storedEvent is an EVENTS message, decoded, with its stream sequence.
+type storedEvent struct {
+	event.Event
+	seq uint64
 }
 
-func (r *run) checkRevisions() int {
-	t := r.t
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
+// readEvents reads all of EVENTS in order. The ordered consumer resumes after the last
+// message it returned; a node that just came back may answer "no responders" for a moment,
+// so a failed or empty pull is tried again, up to 10 times in a row.
+func (r *run) readEvents(ctx context.Context) ([]storedEvent, error) {
 	s, err := r.js.Stream(ctx, natsx.EventsStream)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	revs := map[string][]int64{}
-	n, failures := 0, 0
-	for n < int(info.State.Msgs) {
+	var out []storedEvent
+	failures := 0
+	for len(out) < int(info.State.Msgs) {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
 		got := 0
 		if err == nil {
@@ -453,23 +413,68 @@ func (r *run) checkRevisions() int {
 				got++
 				e, err := event.DecodeEvent(m.Data())
 				if err != nil {
-					t.Fatal(err)
+					return out, fmt.Errorf("EVENTS message: %w", err)
 				}
-				revs[e.SensorID] = append(revs[e.SensorID], e.Revision)
+				md, err := m.Metadata()
+				if err != nil {
+					return out, err
+				}
+				out = append(out, storedEvent{Event: e, seq: md.Sequence.Stream})
 			}
 			err = batch.Error()
 		}
-		n += got
-		// The ordered consumer resumes after the last message it returned; a node that
-		// just came back may answer "no responders" for a moment.
 		if err != nil || got == 0 {
 			if failures++; failures > 10 {
-				t.Fatalf("reading EVENTS: %d of %d messages: %v", n, info.State.Msgs, err)
+				return out, fmt.Errorf("reading EVENTS: %d of %d messages: %w", len(out), info.State.Msgs, err)
 			}
 			time.Sleep(time.Second)
 			continue
 		}
 		failures = 0
+	}
+	return out, nil
+}
+
+// explainMissing logs, for each state change in EVENTS the receiver did not get, its
+// delivery row (or its absence), so that a failed run says where the webhook stopped.
+func (r *run) explainMissing() {
+	t := r.t
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
+	defer cancel()
+	evs, err := r.readEvents(ctx)
+	if err != nil {
+		t.Logf("explain: %v", err)
+	}
+	shown := 0
+	for _, e := range evs {
+		if shown == 20 {
+			return
+		}
+		if e.Type != event.TypeStateChanged || r.rcv.Seen(e.ID) {
+			continue
+		}
+		var state, lastErr string
+		var attempts int
+		var lastStatus *int
+		err = r.pg.QueryRow(ctx, `SELECT state, attempts, last_status, coalesce(last_error, '') FROM notifier_deliveries WHERE event_id = $1`, e.ID).
+			Scan(&state, &attempts, &lastStatus, &lastErr)
+		t.Logf("missing webhook %s (sensor %s revision %d, EVENTS seq %d): delivery state %q attempts %d last status %v last error %q (%v)",
+			e.ID, e.SensorID, e.Revision, e.seq, state, attempts, lastStatus, lastErr, err)
+		shown++
+	}
+}
+
+func (r *run) checkRevisions() int {
+	t := r.t
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	evs, err := r.readEvents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revs := map[string][]int64{}
+	for _, e := range evs {
+		revs[e.SensorID] = append(revs[e.SensorID], e.Revision)
 	}
 	rows, err := r.pg.Query(ctx, "SELECT sensor_id, revision FROM sensor_state")
 	if err != nil {
@@ -509,7 +514,7 @@ func (r *run) checkRevisions() int {
 	if len(bad) > 0 {
 		t.Errorf("revisions: %d problems, first: %s", len(bad), strings.Join(bad[:min(len(bad), 10)], "; "))
 	}
-	return n
+	return len(evs)
 }
 
 // metric is one process's sum of a metric's series (-1 when it cannot be read).
