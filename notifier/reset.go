@@ -15,6 +15,8 @@ import (
 // on core NATS that an operator fixed its endpoint (a redrive, resend or re-enable), and
 // wakes the dispatcher, so that the delivery goes out now instead of after the cooldown.
 // A reset lost with the connection costs only that wait: the breaker still closes by itself.
+// It also takes the API's registry changes of a client (endpoints.changed), after which rows
+// claimed ahead for it are claimed again and read afresh (queue.go).
 func (n *Notifier) listenResets(ctx context.Context) error {
 	sub, err := n.js.Conn().Subscribe(natsx.NotifierResetSubject("*"), func(m *nats.Msg) {
 		client := strings.TrimPrefix(m.Subject, natsx.NotifierResetPrefix)
