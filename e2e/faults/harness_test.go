@@ -19,6 +19,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/deploy/cluster"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/lock-sensors/lock-sensors/loadgen"
@@ -387,50 +388,43 @@ type storedEvent struct {
 	seq uint64
 }
 
-// readEvents reads all of EVENTS in order. The ordered consumer resumes after the last
-// message it returned; a node that just came back may answer "no responders" for a moment,
-// so a failed or empty pull is tried again, up to 10 times in a row.
+// readEvents reads all of EVENTS in order, with the rebuilds' reader (internal/logread),
+// which creates its consumer again after the last message returned when a node that just
+// came back loses it or answers "no responders".
 func (r *run) readEvents(ctx context.Context) ([]storedEvent, error) {
-	s, err := r.js.Stream(ctx, natsx.EventsStream)
+	st, err := logread.StreamState(ctx, r.js, natsx.EventsStream)
 	if err != nil {
 		return nil, err
 	}
-	info, err := s.Info(ctx)
+	rd, err := logread.New(ctx, r.js, natsx.EventsStream, "", st.FirstSeq)
 	if err != nil {
 		return nil, err
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		return nil, err
-	}
+	defer rd.Close(ctx)
 	var out []storedEvent
-	failures := 0
-	for len(out) < int(info.State.Msgs) {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
-		got := 0
-		if err == nil {
-			for m := range batch.Messages() {
-				got++
-				e, err := event.DecodeEvent(m.Data())
-				if err != nil {
-					return out, fmt.Errorf("EVENTS message: %w", err)
-				}
-				md, err := m.Metadata()
-				if err != nil {
-					return out, err
-				}
-				out = append(out, storedEvent{Event: e, seq: md.Sequence.Stream})
-			}
-			err = batch.Error()
+	for empty := 0; len(out) < int(st.Msgs); {
+		msgs, err := rd.Fetch(ctx, 500, 5*time.Second)
+		if err != nil {
+			return out, err
 		}
-		if err != nil || got == 0 {
-			if failures++; failures > 10 {
-				return out, fmt.Errorf("reading EVENTS: %d of %d messages: %w", len(out), info.State.Msgs, err)
+		if len(msgs) == 0 {
+			if empty++; empty > 10 {
+				return out, fmt.Errorf("reading EVENTS: %d of %d messages, then nothing", len(out), st.Msgs)
 			}
-			time.Sleep(time.Second)
 			continue
 		}
-		failures = 0
+		empty = 0
+		for _, m := range msgs {
+			e, err := event.DecodeEvent(m.Data())
+			if err != nil {
+				return out, fmt.Errorf("EVENTS message: %w", err)
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				return out, err
+			}
+			out = append(out, storedEvent{Event: e, seq: md.Sequence.Stream})
+		}
 	}
 	return out, nil
 }
