@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // claimed is a delivery leased for one attempt, with the registry read afresh.
@@ -79,8 +80,9 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		// claim on a busy machine, for a query that runs in milliseconds.
 		b := &pgx.Batch{}
 		b.Queue(`SET LOCAL jit = off`)
+		pgplan.QueueKeyed(b)
 		b.Queue(`
-			SELECT id FROM (
+			SELECT id, sensor_id FROM (
 				SELECT id, client_id, sensor_id FROM (
 					SELECT d.id, d.client_id, d.sensor_id, d.revision, d.next_at, coalesce(f.free, $2) AS free,
 					       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
@@ -99,12 +101,23 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			_ = br.Close()
 			return err
 		}
+		if err := pgplan.ReadKeyed(br); err != nil {
+			_ = br.Close()
+			return err
+		}
 		rows, err := br.Query()
 		if err != nil {
 			_ = br.Close()
 			return err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		var ids []int64
+		var sensors []string
+		var id int64
+		var sensor string
+		_, err = pgx.ForEachRow(rows, []any{&id, &sensor}, func() error {
+			ids, sensors = append(ids, id), append(sensors, sensor)
+			return nil
+		})
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
@@ -114,7 +127,8 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		rows, err = tx.Query(ctx, `
 			WITH c AS (
 				UPDATE notifier_deliveries d SET lease_until = now() + $2 * interval '1 microsecond', lease_token = $3
-				WHERE d.id = ANY($1::bigint[]) AND `+eligible+`
+				FROM unnest($1::bigint[], $4::text[]) AS k(id, sensor_id)
+				WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND `+eligible+`
 				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base
 			)
 			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base,
@@ -125,7 +139,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			LEFT JOIN clients cl ON cl.id = c.client_id
 			LEFT JOIN sensors s ON s.id = c.sensor_id
 			LEFT JOIN subscriptions sub ON sub.client_id = c.client_id AND sub.sensor_id = c.sensor_id`,
-			ids, lease.Microseconds(), token)
+			ids, lease.Microseconds(), token, sensors)
 		if err != nil {
 			return err
 		}
@@ -153,12 +167,20 @@ func unlease(ctx context.Context, db DB, cs []claimed) error {
 	}
 	ids := make([]int64, len(cs))
 	tokens := make([]int64, len(cs))
+	sensors := make([]string, len(cs))
 	for i, c := range cs {
-		ids[i], tokens[i] = c.id, c.token
+		ids[i], tokens[i], sensors[i] = c.id, c.token, c.sensorID
 	}
-	_, err := db.Exec(ctx, `UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
-		FROM unnest($1::bigint[], $2::bigint[]) AS r(id, token)
-		WHERE d.id = r.id AND d.lease_token = r.token AND d.state = 'pending'`, ids, tokens)
+	// The sensor (the partition key) with each id: by id alone, each row is looked for in
+	// every partition. Hash joins off (pgplan), one index probe per row.
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		pgplan.QueueKeyed(b)
+		b.Queue(`UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
+			FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r(id, token, sensor_id)
+			WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'`, ids, tokens, sensors)
+		return tx.SendBatch(ctx, b).Close()
+	})
 	if err != nil {
 		return fmt.Errorf("release leases: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // result is the end of one attempt, to be written by finish.
@@ -36,7 +37,7 @@ type result struct {
 func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration) ([]event.Attempt, map[string]string, error) {
 	var (
 		ids, tokens, delays, latencies []int64
-		states, errs                   []string
+		states, errs, sensors          []string
 		statuses                       []int32
 		counted                        []bool
 	)
@@ -45,7 +46,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 	byID := map[int64]result{}
 	for _, r := range rs {
 		byID[r.c.id] = r
-		ids, tokens = append(ids, r.c.id), append(tokens, r.c.token)
+		ids, tokens, sensors = append(ids, r.c.id), append(tokens, r.c.token), append(sensors, r.c.sensorID)
 		states, delays = append(states, r.state), append(delays, r.delay.Microseconds())
 		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
 		counted = append(counted, !r.aborted)
@@ -57,8 +58,12 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		recs = recs[:0]
 		// One round trip for the lock, the outcomes and the endpoints' health (the outbox
 		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
+		// Each row is looked up by its id and sensor (the partition key), one index probe each
+		// with hash joins off (pgplan): by id alone, every partition is searched.
 		b := &pgx.Batch{}
-		b.Queue(`SELECT 1 FROM notifier_deliveries WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE`, ids)
+		pgplan.QueueKeyed(b)
+		b.Queue(`SELECT 1 FROM unnest($1::bigint[], $2::text[]) AS k(id, sensor_id)
+			JOIN notifier_deliveries d ON d.id = k.id AND d.sensor_id = k.sensor_id ORDER BY d.id FOR UPDATE OF d`, ids, sensors)
 		b.Queue(`
 			UPDATE notifier_deliveries d SET
 				state = CASE WHEN d.supersede_on_finish AND (r.counted AND r.state = 'pending' OR NOT r.counted AND d.attempts > 0) THEN 'superseded'
@@ -72,10 +77,10 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
 				last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
 				lease_until = NULL, lease_token = NULL, updated_at = now()
-			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[], $8::bigint[])
-			     AS r(id, token, state, delay, status, err, counted, latency)
-			WHERE d.id = r.id AND d.lease_token = r.token AND d.state = 'pending'
-			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted, latencies)
+			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[], $8::bigint[], $9::text[])
+			     AS r(id, token, state, delay, status, err, counted, latency, sensor_id)
+			WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'
+			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted, latencies, sensors)
 		hq := queueHealth(b, rs, disableAfter)
 		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
 		if err != nil {
@@ -113,6 +118,9 @@ func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[s
 			err = cerr
 		}
 	}()
+	if err = pgplan.ReadKeyed(br); err != nil {
+		return nil, nil, err
+	}
 	if _, err = br.Exec(); err != nil {
 		return nil, nil, err
 	}

@@ -124,15 +124,23 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
 	args := []any{}
+	from := `notifier_deliveries d`
 	if clients != nil {
-		cond += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+		// The keys drive: each one's pending rows by index (a LATERAL subquery kept apart with
+		// OFFSET 0, pruned to its partition), then joined to the rows locked (FOR UPDATE
+		// re-checks cond on d, the locked relation). Left to choose, the planner scanned every
+		// pending row and looked for it among the keys.
+		from = `unnest($1::text[], $2::text[]) AS k(client_id, sensor_id),
+			LATERAL (SELECT p.id, p.sensor_id FROM notifier_deliveries p
+			         WHERE p.client_id = k.client_id AND p.sensor_id = k.sensor_id AND p.state = 'pending' OFFSET 0) p
+			JOIN notifier_deliveries d ON d.id = p.id AND d.sensor_id = p.sensor_id`
 		args = append(args, clients, sensors)
 	}
-	q := `WITH l AS (SELECT d.id FROM notifier_deliveries d WHERE ` + cond + ` ORDER BY d.id FOR UPDATE)
+	q := `WITH l AS (SELECT d.id, d.sensor_id FROM ` + from + ` WHERE ` + cond + ` ORDER BY d.id FOR UPDATE OF d)
 		UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		FROM l WHERE d.id = l.id
+		FROM l WHERE d.id = l.id AND d.sensor_id = l.sensor_id
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {

@@ -19,7 +19,11 @@ type Querier interface {
 // Of returns the revision in sensor_state of each of ids that has a row (a sensor without
 // one has had no event: revision 0).
 func Of(ctx context.Context, q Querier, ids []string) (map[string]int64, error) {
-	rows, err := q.Query(ctx, `SELECT sensor_id, revision FROM sensor_state WHERE sensor_id = ANY($1)`, ids)
+	// One index probe per key of the partitioned table: a LATERAL subquery kept apart from
+	// the join (OFFSET 0) is run per key, each pruned to its partition; sensor_id = ANY($1)
+	// would search every partition for every key.
+	rows, err := q.Query(ctx, `SELECT s.sensor_id, s.revision FROM unnest($1::text[]) AS k(sensor_id),
+		LATERAL (SELECT sensor_id, revision FROM sensor_state WHERE sensor_id = k.sensor_id OFFSET 0) s`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read state revisions: %w", err)
 	}

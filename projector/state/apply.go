@@ -12,6 +12,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // decodeBatch parses and checks msgs. A message that can never be applied (forged or
@@ -141,7 +142,9 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 // checkpoint is the one this process left, from sensor_state otherwise.
 func (b *batch) lockAndLoad(ctx context.Context) error {
 	q := &pgx.Batch{}
-	// First, so that a claim by another process waits for this transaction or fences it.
+	// The batch's reads and writes join its sensors to the partitioned sensor_state.
+	pgplan.QueueKeyed(q)
+	// Then the fence, so that a claim by another process waits for this transaction or fences it.
 	lease.QueueCheck(q, Name, b.p)
 	q.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, b.p)
 	q.Queue(lockCheckpoint, Name, b.p)
@@ -150,7 +153,10 @@ func (b *batch) lockAndLoad(ctx context.Context) error {
 	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
 	q.Queue(selectRows, b.missing)
 	br := b.tx.SendBatch(ctx, q)
-	err := lease.ReadCheck(br, Name, b.p, b.epoch)
+	err := pgplan.ReadKeyed(br)
+	if err == nil {
+		err = lease.ReadCheck(br, Name, b.p, b.epoch)
+	}
 	if err == nil {
 		err = b.lockCheckpoint(br)
 	}
