@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // claimed is a delivery leased for one attempt, with the registry read afresh.
@@ -80,7 +79,6 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		// claim on a busy machine, for a query that runs in milliseconds.
 		b := &pgx.Batch{}
 		b.Queue(`SET LOCAL jit = off`)
-		pgplan.QueueKeyed(b)
 		b.Queue(`
 			SELECT id, sensor_id FROM (
 				SELECT id, client_id, sensor_id FROM (
@@ -98,10 +96,6 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			busy, c.perClient, limit, 4*limit, fc, fr)
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return err
-		}
-		if err := pgplan.ReadKeyed(br); err != nil {
 			_ = br.Close()
 			return err
 		}
@@ -172,15 +166,10 @@ func unlease(ctx context.Context, db DB, cs []claimed) error {
 		ids[i], tokens[i], sensors[i] = c.id, c.token, c.sensorID
 	}
 	// The sensor (the partition key) with each id: by id alone, each row is looked for in
-	// every partition. Hash joins off (pgplan), one index probe per row.
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		pgplan.QueueKeyed(b)
-		b.Queue(`UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
-			FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r(id, token, sensor_id)
-			WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'`, ids, tokens, sensors)
-		return tx.SendBatch(ctx, b).Close()
-	})
+	// every partition.
+	_, err := db.Exec(ctx, `UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
+		FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r(id, token, sensor_id)
+		WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'`, ids, tokens, sensors)
 	if err != nil {
 		return fmt.Errorf("release leases: %w", err)
 	}

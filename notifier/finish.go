@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/lock-sensors/lock-sensors/internal/event"
-	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // result is the end of one attempt, to be written by finish.
@@ -43,9 +42,9 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 	)
 	// Rows in id order, so that two finishing batches lock them in the same order.
 	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
-	byID := map[int64]result{}
+	resultOf := map[int64]result{}
 	for _, r := range rs {
-		byID[r.c.id] = r
+		resultOf[r.c.id] = r
 		ids, tokens, sensors = append(ids, r.c.id), append(tokens, r.c.token), append(sensors, r.c.sensorID)
 		states, delays = append(states, r.state), append(delays, r.delay.Microseconds())
 		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
@@ -58,12 +57,11 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		recs = recs[:0]
 		// One round trip for the lock, the outcomes and the endpoints' health (the outbox
 		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
-		// Each row is looked up by its id and sensor (the partition key), one index probe each
-		// with hash joins off (pgplan): by id alone, every partition is searched.
+		// Each row is looked up by its id and sensor (the partition key): by id alone, every
+		// partition is searched.
 		b := &pgx.Batch{}
-		pgplan.QueueKeyed(b)
-		b.Queue(`SELECT 1 FROM unnest($1::bigint[], $2::text[]) AS k(id, sensor_id)
-			JOIN notifier_deliveries d ON d.id = k.id AND d.sensor_id = k.sensor_id ORDER BY d.id FOR UPDATE OF d`, ids, sensors)
+		b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
+			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, ids, sensors)
 		b.Queue(`
 			UPDATE notifier_deliveries d SET
 				state = CASE WHEN d.supersede_on_finish AND (r.counted AND r.state = 'pending' OR NOT r.counted AND d.attempts > 0) THEN 'superseded'
@@ -88,7 +86,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		}
 		disabled = dis
 		for _, f := range fins {
-			r := byID[f.id]
+			r := resultOf[f.id]
 			if r.aborted {
 				continue
 			}
@@ -118,9 +116,6 @@ func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[s
 			err = cerr
 		}
 	}()
-	if err = pgplan.ReadKeyed(br); err != nil {
-		return nil, nil, err
-	}
 	if _, err = br.Exec(); err != nil {
 		return nil, nil, err
 	}

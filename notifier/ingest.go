@@ -15,7 +15,6 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
-	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // BatchDefault is Config.Batch: rows per ingest, claim or finish transaction.
@@ -161,10 +160,6 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
 		// First, so that a claim by another process waits for this transaction or fences it.
 		if err := lease.Check(ctx, tx, Name, p, epoch); err != nil {
-			return err
-		}
-		// The deliveries' look-ups of older rows join keys to the partitioned table.
-		if err := pgplan.Keyed(ctx, tx); err != nil {
 			return err
 		}
 		var err error

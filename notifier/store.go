@@ -115,33 +115,32 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 // when that attempt ends, unless it was delivered: flag and outcome are both UPDATEs of the
 // row, so they serialise on its lock and whichever commits second sees the other.
 func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]event.Attempt, error) {
-	// The rows are locked in id order first, as finish locks its rows: updated in whatever
-	// order the scan met them, a supersede and a finish sharing two rows deadlocked under load
-	// (Postgres broke it after deadlock_timeout, and the finish was retried). FOR UPDATE
-	// re-checks cond on the newest version of each row it locks, and the rows stay locked, so
-	// the UPDATE need not check it again.
 	cond := `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
-	args := []any{}
-	from := `notifier_deliveries d`
+	q := `SELECT d.id, d.sensor_id FROM notifier_deliveries d WHERE ` + cond
+	var args []any
 	if clients != nil {
-		// The keys drive: each one's pending rows by index (a LATERAL subquery kept apart with
-		// OFFSET 0, pruned to its partition), then joined to the rows locked (FOR UPDATE
-		// re-checks cond on d, the locked relation). Left to choose, the planner scanned every
-		// pending row and looked for it among the keys.
-		from = `unnest($1::text[], $2::text[]) AS k(client_id, sensor_id),
-			LATERAL (SELECT p.id, p.sensor_id FROM notifier_deliveries p
-			         WHERE p.client_id = k.client_id AND p.sensor_id = k.sensor_id AND p.state = 'pending' OFFSET 0) p
-			JOIN notifier_deliveries d ON d.id = p.id AND d.sensor_id = p.sensor_id`
-		args = append(args, clients, sensors)
+		q += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+		args = []any{clients, sensors}
 	}
-	q := `WITH l AS (SELECT d.id, d.sensor_id FROM ` + from + ` WHERE ` + cond + ` ORDER BY d.id FOR UPDATE OF d)
+	ids, keys, err := collectIDs(ctx, tx, q, args...)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	// The rows are locked in id order, as finish locks its rows: updated in whatever order
+	// the scan met them, a supersede and a finish sharing two rows deadlocked under load.
+	// FOR UPDATE re-checks cond on the newest version of each row it locks, and the rows stay
+	// locked, so the UPDATE need not check it again.
+	q = `WITH l AS (SELECT x.id, x.sensor_id FROM ` + byID + `,
+			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
+			         WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND ` + cond + ` FOR UPDATE) x)
 		UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
 		FROM l WHERE d.id = l.id AND d.sensor_id = l.sensor_id
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
+	args = []any{ids, keys}
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("supersede: %w", err)

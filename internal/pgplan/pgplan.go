@@ -8,21 +8,14 @@
 // the table. With hash and merge joins off for the transaction, each key is one index probe
 // of the one partition that can hold it (the Append prunes the others per key).
 //
-// Planning a statement over 16 partitions with their indexes costs more than running it: a
-// delivery INSERT planned in 7.6 ms and ran in 1.9 ms. Postgres keeps re-planning a prepared
-// statement when it judges a custom plan better, so the transaction also forces the generic
-// plan, made once per connection; pruning by the parameters then happens at run time.
+// Only for batches of a bounded size whose every key is looked up (a state batch's
+// sensors): a nested loop over many keys into an unindexed side would cost keys × rows.
 package pgplan
 
-import (
-	"context"
+import "github.com/jackc/pgx/v5"
 
-	"github.com/jackc/pgx/v5"
-)
-
-// keyedSQL turns hash and merge joins off and forces generic plans until the end of the
-// transaction (set_config's is_local): one statement, so that it can be queued in a
-// pipelined batch.
+// keyedSQL turns hash and merge joins off until the end of the transaction (set_config's
+// is_local): one statement, so that it can be queued in a pipelined batch.
 const keyedSQL = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
 
 // QueueKeyed queues, in a batch sent inside a transaction, the statement that makes the rest
@@ -32,12 +25,5 @@ func QueueKeyed(b *pgx.Batch) { b.Queue(keyedSQL) }
 // ReadKeyed reads the result of the statement QueueKeyed queued.
 func ReadKeyed(br pgx.BatchResults) error {
 	_, err := br.Exec()
-	return err
-}
-
-// Keyed makes the rest of tx join keys by index probes (one round trip; in a batch, use
-// QueueKeyed).
-func Keyed(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, keyedSQL)
 	return err
 }
