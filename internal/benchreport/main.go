@@ -36,6 +36,10 @@ var baselines = map[string][][2]string{
 	// The system's committed rate against what a bare publisher pushes into RabbitMQ here,
 	// and against what RabbitMQ alone takes in and hands out to a bare consumer at once.
 	"BenchmarkEndToEndIngest": {{"BenchmarkBareRabbitPublisher", "readings/s"}, {"BenchmarkBareRabbitPassThrough", "readings/s"}},
+	// Readings/s until the last webhook, against RabbitMQ's own pass-through (issue 17).
+	"BenchmarkFullSpeed": {{"BenchmarkBareRabbitPassThrough", "readings/s"}},
+	// Webhooks/s to one client, against a bare HTTP client posting the same bodies.
+	"BenchmarkOneClient/notifier": {{"BenchmarkOneClient/baseline", "webhooks/s"}},
 }
 
 // baselinesOf is the baselines of name, or of the benchmark it is a sub-benchmark of

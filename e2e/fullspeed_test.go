@@ -1,0 +1,84 @@
+package e2e_test
+
+import (
+	"time"
+
+	"testing"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	"github.com/lock-sensors/lock-sensors/loadgen"
+)
+
+// BenchmarkFullSpeed is issue 17's full-speed run, tried as a new user would: the whole
+// system in one `locks run --targets=all` process (embedded NATS), 10,000 sensors and one
+// client with a fast local receiver registered through the REST API, a warm-up (every
+// sensor's first reading, until its webhook is in, not measured), then readings published
+// as fast as RabbitMQ confirms for LOCKS_BENCH_FULL_DURATION (default 60 s), 5% of them
+// changes. Reported: the publish rate; publish → webhook receipt p50/p99; readings/s until
+// the last webhook (readings published ÷ the time from the first publish to the last
+// expected webhook, polled every 50 ms), judged against BareRabbitPassThrough in the same
+// run; and the books (every change received once and in order, no bad signature).
+//
+// The embedded NATS store syncs every 2 minutes here (LOCKS_NATS_SYNC=2m, nats-server's
+// default), as in EndToEndIngest's first row: with `always`, the README's durable default,
+// every stored message waits for an fsync and ingest is bound by the disk (EndToEndIngest's
+// sync=always row), not by anything this benchmark looks at.
+func BenchmarkFullSpeed(b *testing.B) {
+	dur := envDuration(b, "LOCKS_BENCH_FULL_DURATION", 60*time.Second)
+	const sensors = 10_000
+	for range b.N {
+		ctx := b.Context()
+		s := start(b, "LOCKS_LOG_LEVEL=info", "LOCKS_NATS_SYNC=2m")
+		rcv, err := loadgen.NewReceiver("127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer rcv.Close()
+		if err := rcv.Register(ctx, "http://"+s.http, s.token, "full", sensors); err != nil {
+			b.Fatal(err)
+		}
+		warm, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: sensors,
+			Rate: 2000, Count: sensors, Prefix: "full", Seed: 2}, nil, testenv.Logger(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		testenv.Eventually(b, 5*time.Minute, "the warm-up's webhooks", func() bool {
+			return rcv.Tally().ByType["sensor.state_changed"] >= warm.Changes
+		})
+		_, warmLat := rcv.Latencies(0)
+		warmReceived := rcv.Tally().Received
+		b.ResetTimer()
+
+		books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: sensors,
+			Rate: 200_000, ChangeRatio: 0.05, Duration: dur, Prefix: "full", Seed: 1, Last: warm.Last}, nil, testenv.Logger(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		books.Changes += warm.Changes
+		deadline := time.Now().Add(10 * time.Minute)
+		for rcv.Tally().ByType["sensor.state_changed"] < books.Changes {
+			if time.Now().After(deadline) {
+				b.Fatalf("%d of %d changes notified 10 minutes after publishing ended",
+					rcv.Tally().ByType["sensor.state_changed"], books.Changes)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		last := time.Now()
+		b.StopTimer()
+
+		t := rcv.Tally()
+		lat, _ := rcv.Latencies(warmLat)
+		for _, p := range loadgen.Check(books, t, time.Hour, false) {
+			b.Error("MISMATCH:", p)
+		}
+		b.ReportMetric(float64(books.Published)/books.End.Sub(books.Start).Seconds(), "published/s")
+		b.ReportMetric(float64(books.Published)/last.Sub(books.Start).Seconds(), "readings/s")
+		b.ReportMetric(float64(books.Published), "readings")
+		b.ReportMetric(float64(books.Changes-warm.Changes), "changes")
+		b.ReportMetric(float64(t.Received-warmReceived), "webhooks")
+		b.ReportMetric(float64(t.Duplicates), "duplicates")
+		b.ReportMetric(loadgen.Quantile(lat, 0.5), "webhook-p50-ms")
+		b.ReportMetric(loadgen.Quantile(lat, 0.99), "webhook-p99-ms")
+		b.ReportMetric(last.Sub(books.End).Seconds(), "last-webhook-after-s")
+	}
+}
