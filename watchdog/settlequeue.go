@@ -3,9 +3,13 @@ package watchdog
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// markBatch is how many declared marks a worker takes from the queue at once.
+const markBatch = 256
 
 // job is a due expiry on its way to settle.
 type job struct {
@@ -35,30 +39,45 @@ func (w *Watchdog) enqueue(ctx context.Context, readings jetstream.Stream, jobs 
 	}
 }
 
-// settleWorker settles queued expiries, oldest first, until the queue is empty or ctx is
-// done. A failed one is held again (unless a newer expiry came meanwhile) and counted for the
+// settleWorker settles queued expiries, oldest first, then writes the declared marks they
+// left (see declaredMark), until both queues are empty or ctx is done. A failed one is held again (unless a newer expiry came meanwhile) and counted for the
 // declare loop's next warning; what is still queued when ctx ends is dropped with the
 // process's ownership: the markers are replayed by whoever watches the partition next.
 func (w *Watchdog) settleWorker(ctx context.Context, readings jetstream.Stream) {
 	defer w.workersDone.Done()
 	for {
 		w.mu.Lock()
-		if len(w.queue) == 0 || ctx.Err() != nil {
+		if ctx.Err() != nil || len(w.queue) == 0 && len(w.marks) == 0 {
 			w.workers--
 			if w.workers == 0 {
 				clear(w.settling)
-				w.queue = nil // a burst's backing array goes with it
+				w.queue, w.marks = nil, nil // a burst's backing arrays go with them
 			}
 			w.mu.Unlock()
 			return
+		}
+		if len(w.queue) == 0 {
+			// Every queued expiry has its fact: now the keys' declared marks.
+			n := min(len(w.marks), markBatch)
+			marks := slices.Clone(w.marks[:n])
+			clear(w.marks[:n])
+			w.marks = w.marks[n:]
+			w.mu.Unlock()
+			for _, m := range marks {
+				w.writeMark(ctx, m)
+			}
+			continue
 		}
 		j := w.queue[0]
 		w.queue[0] = job{}
 		w.queue = w.queue[1:]
 		w.mu.Unlock()
-		err := w.settle(ctx, readings, j.sensor, j.c)
+		mark, err := w.settleDeferred(ctx, readings, j.sensor, j.c)
 		w.mu.Lock()
 		delete(w.settling, j.sensor)
+		if mark != nil {
+			w.marks = append(w.marks, *mark)
+		}
 		if err != nil {
 			if _, ok := w.held[j.sensor]; !ok {
 				w.held[j.sensor] = j.c

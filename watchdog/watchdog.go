@@ -61,11 +61,12 @@ type Watchdog struct {
 	// shrinking it gives memory back.
 	heldPeak int
 	// settling is the sensors whose due expiry is queued or being settled, queue the due
-	// expiries no worker has taken yet, workers how many settle workers run (at most
+	// expiries no worker has taken yet, marks the declared marks owed (see declaredMark), workers how many settle workers run (at most
 	// Concurrency), failed and failedFirst the settles that failed since the declare loop
 	// last warned (all guarded by mu; see enqueue).
 	settling    map[string]struct{}
 	queue       []job
+	marks       []declaredMark
 	workers     int
 	failed      int
 	failedFirst error
