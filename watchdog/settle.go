@@ -51,6 +51,13 @@ func (w *Watchdog) settleDeferred(ctx context.Context, readings jetstream.Stream
 	if err != nil {
 		return nil, fmt.Errorf("last READINGS message of %s: %w", sensor, err)
 	}
+	return w.decide(ctx, sensor, c, last)
+}
+
+// decide settles one expiry given last, the sensor's last message in READINGS (read after
+// the expiry); see settle.
+func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last *jetstream.RawStreamMsg) (*declaredMark, error) {
+	p := partition.Of(sensor, w.cfg.PartitionCount)
 	if !w.mayAct(p) {
 		return nil, nil // p's new owner settles it, from the marker its watch replays
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -17,20 +18,20 @@ type job struct {
 	c      candidate
 }
 
-// enqueue appends due expiries to the settle queue and starts workers for them, up to
-// Concurrency at once. Queued and running sensors are in w.settling until their settle ends,
-// so that a newer expiry of the same sensor stays held meanwhile: one sensor is never
-// settled twice at once.
+// enqueue appends due expiries to the settle queue and starts workers for them. Queued and
+// running sensors are in w.settling until their settle ends, so that a newer expiry of the
+// same sensor stays held meanwhile: one sensor is never settled twice at once.
 func (w *Watchdog) enqueue(ctx context.Context, readings jetstream.Stream, jobs []job) {
 	if len(jobs) == 0 {
 		return
 	}
+	batch, most := w.batching()
 	w.mu.Lock()
 	for _, j := range jobs {
 		w.settling[j.sensor] = struct{}{}
 	}
 	w.queue = append(w.queue, jobs...)
-	start := min(len(w.queue), w.cfg.Concurrency-w.workers)
+	start := min((len(w.queue)+batch-1)/batch, most-w.workers)
 	w.workers += start
 	w.mu.Unlock()
 	for range start {
@@ -39,12 +40,21 @@ func (w *Watchdog) enqueue(ctx context.Context, readings jetstream.Stream, jobs 
 	}
 }
 
-// settleWorker settles queued expiries, oldest first, then writes the declared marks they
-// left (see declaredMark), until both queues are empty or ctx is done. A failed one is held again (unless a newer expiry came meanwhile) and counted for the
+// batching is how many expiries a worker settles at once, and how many workers may run:
+// together at most Concurrency settles at once.
+func (w *Watchdog) batching() (batch, workers int) {
+	batch = min(lookupBatch, w.cfg.Concurrency)
+	return batch, max(1, w.cfg.Concurrency/batch)
+}
+
+// settleWorker settles queued expiries, oldest first and a batch at a time, then writes the
+// declared marks they left (see declaredMark), until both queues are empty or ctx is done.
+// A failed settle is held again (unless a newer expiry came meanwhile) and counted for the
 // declare loop's next warning; what is still queued when ctx ends is dropped with the
 // process's ownership: the markers are replayed by whoever watches the partition next.
 func (w *Watchdog) settleWorker(ctx context.Context, readings jetstream.Stream) {
 	defer w.workersDone.Done()
+	batch, _ := w.batching()
 	for {
 		w.mu.Lock()
 		if ctx.Err() != nil || len(w.queue) == 0 && len(w.marks) == 0 {
@@ -58,27 +68,66 @@ func (w *Watchdog) settleWorker(ctx context.Context, readings jetstream.Stream) 
 		}
 		if len(w.queue) == 0 {
 			// Every queued expiry has its fact: now the keys' declared marks.
-			n := min(len(w.marks), markBatch)
-			marks := slices.Clone(w.marks[:n])
-			clear(w.marks[:n])
-			w.marks = w.marks[n:]
+			marks := take(&w.marks, markBatch)
 			w.mu.Unlock()
 			for _, m := range marks {
 				w.writeMark(ctx, m)
 			}
 			continue
 		}
-		j := w.queue[0]
-		w.queue[0] = job{}
-		w.queue = w.queue[1:]
+		jobs := take(&w.queue, batch)
 		w.mu.Unlock()
-		mark, err := w.settleDeferred(ctx, readings, j.sensor, j.c)
-		w.mu.Lock()
+		w.settleBatch(ctx, readings, jobs)
+	}
+}
+
+// take removes and returns up to n entries from the head of *q.
+func take[T any](q *[]T, n int) []T {
+	n = min(n, len(*q))
+	out := slices.Clone((*q)[:n])
+	clear((*q)[:n])
+	*q = (*q)[n:]
+	return out
+}
+
+// settleBatch settles jobs at once: one lookup of their sensors' last messages, then each
+// decided in its own goroutine, so that their facts' acknowledgements are awaited together.
+// When the batched lookup fails (a server without multi_last, say), each is looked up alone.
+func (w *Watchdog) settleBatch(ctx context.Context, readings jetstream.Stream, jobs []job) {
+	sensors := make([]string, len(jobs))
+	for i, j := range jobs {
+		sensors[i] = j.sensor
+	}
+	last, lookupErr := w.lastMsgs(ctx, sensors)
+	if lookupErr != nil && ctx.Err() == nil {
+		w.log.Debug("batched lookup of last READINGS messages failed; looking up one by one", "err", lookupErr)
+	}
+	type outcome struct {
+		mark *declaredMark
+		err  error
+	}
+	out := make([]outcome, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Go(func() {
+			switch m, found := last[j.sensor]; {
+			case lookupErr != nil:
+				out[i].mark, out[i].err = w.settleDeferred(ctx, readings, j.sensor, j.c)
+			case found:
+				out[i].mark, out[i].err = w.decide(ctx, j.sensor, j.c, m)
+			}
+			// Not found: nothing was ever read from it, nothing to declare.
+		})
+	}
+	wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, j := range jobs {
 		delete(w.settling, j.sensor)
-		if mark != nil {
-			w.marks = append(w.marks, *mark)
+		if out[i].mark != nil {
+			w.marks = append(w.marks, *out[i].mark)
 		}
-		if err != nil {
+		if err := out[i].err; err != nil {
 			if _, ok := w.held[j.sensor]; !ok {
 				w.held[j.sensor] = j.c
 			}
@@ -87,7 +136,6 @@ func (w *Watchdog) settleWorker(ctx context.Context, readings jetstream.Stream) 
 				w.failedFirst = err
 			}
 		}
-		w.mu.Unlock()
 	}
 }
 
