@@ -39,9 +39,14 @@ func (w *Watchdog) lastMsgs(ctx context.Context, sensors []string) (map[string]*
 		return nil, fmt.Errorf("last READINGS messages of %d sensors: %w", len(sensors), err)
 	}
 	out := make(map[string]*jetstream.RawStreamMsg, len(sensors))
+	// The iterator also ends quietly on a timeout or a closed subscription, which must not
+	// pass for "these sensors have no message" (their expiries would be dropped): the answer
+	// is complete only with its last message, the one nothing is pending after.
+	complete := false
 	for m, err := range msgs {
 		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			break // none of them has any
+			complete = true // none of them has any
+			break
 		}
 		if err != nil {
 			return nil, fmt.Errorf("last READINGS messages of %d sensors: %w", len(sensors), err)
@@ -49,6 +54,16 @@ func (w *Watchdog) lastMsgs(ctx context.Context, sensors []string) (map[string]*
 		if s, ok := bySubject[m.Subject]; ok {
 			out[s] = m
 		}
+		complete = m.Header.Get(numPendingHeader) == "0"
+	}
+	if !complete {
+		return nil, fmt.Errorf("last READINGS messages of %d sensors: %w", len(sensors), errIncompleteLookup)
 	}
 	return out, nil
 }
+
+// numPendingHeader is what a batched direct get says is left to send after each message.
+const numPendingHeader = "Nats-Num-Pending"
+
+// errIncompleteLookup is a batched direct get whose answer stopped before its last message.
+var errIncompleteLookup = errors.New("the answer ended before its last message")
