@@ -84,13 +84,16 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 }
 
 // caughtUp reports, per partition, the stored time up to which every reading has refreshed
-// its key (math.MaxInt64 when the consumer has nothing left undelivered). The partitions'
-// consumers are asked at once: one round trip per round, not one per partition.
-func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
+// its key (math.MaxInt64 when the consumer has nothing left undelivered), given in parts the
+// newest expiry held for the partition (unix ns). The partitions' consumers are asked at once:
+// one round trip per round, not one per partition, and only those whose progress has not
+// already passed their newest expiry: while readings flow in (or our own facts, in a burst),
+// progress alone answers, and a round asks nothing.
+func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]int64) (map[int]int64, error) {
 	var mu sync.Mutex
 	out := map[int]int64{}
 	g, gctx := errgroup.WithContext(ctx)
-	for p := range parts {
+	for p, newest := range parts {
 		ps := w.part(p)
 		var cons jetstream.Consumer
 		if ps != nil {
@@ -101,6 +104,10 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 			continue
 		}
 		done := ps.doneTS.Load()
+		if newest <= done {
+			out[p] = done
+			continue
+		}
 		g.Go(func() error {
 			info, err := cons.Info(gctx)
 			if err != nil {
@@ -147,10 +154,11 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		w.setHeldGauges(0, time.Time{}, now)
 		return failErr
 	}
-	parts := map[int]bool{}
+	parts := map[int]int64{}
 	if !behind {
-		for s := range w.held {
-			parts[partition.Of(s, w.cfg.PartitionCount)] = true
+		for s, c := range w.held {
+			p := partition.Of(s, w.cfg.PartitionCount)
+			parts[p] = max(parts[p], c.at.UnixNano())
 		}
 	}
 	w.mu.Unlock()
