@@ -62,6 +62,9 @@ func TestBurstThroughQueue(t *testing.T) {
 		}
 		return true
 	})
+	if n := counter(t, reg, "locks_watchdog_settle_queue"); n != 0 {
+		t.Errorf("locks_watchdog_settle_queue = %v once every expiry is settled, want 0", n)
+	}
 	time.Sleep(500 * time.Millisecond) // a second fact would have landed by now
 	for i := range silent {
 		if n := len(f.of("burst" + strconv.Itoa(i))); n != 1 {

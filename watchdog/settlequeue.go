@@ -31,6 +31,7 @@ func (w *Watchdog) enqueue(ctx context.Context, readings jetstream.Stream, jobs 
 		w.settling[j.sensor] = struct{}{}
 	}
 	w.queue = append(w.queue, jobs...)
+	w.m.queued.Set(float64(len(w.queue)))
 	start := min((len(w.queue)+batch-1)/batch, most-w.workers)
 	w.workers += start
 	w.mu.Unlock()
@@ -62,6 +63,7 @@ func (w *Watchdog) settleWorker(ctx context.Context, readings jetstream.Stream) 
 			if w.workers == 0 {
 				clear(w.settling)
 				w.queue, w.marks = nil, nil // a burst's backing arrays go with them
+				w.m.queued.Set(0)
 			}
 			w.mu.Unlock()
 			return
@@ -76,6 +78,7 @@ func (w *Watchdog) settleWorker(ctx context.Context, readings jetstream.Stream) 
 			continue
 		}
 		jobs := take(&w.queue, batch)
+		w.m.queued.Set(float64(len(w.queue)))
 		w.mu.Unlock()
 		w.settleBatch(ctx, readings, jobs)
 	}
