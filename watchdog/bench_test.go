@@ -184,6 +184,9 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		at := appendReadingsOver(b, e.nats.JS, n, spread)
 		b.Logf("appended %d readings in %s; deadlines from %s to %s after start", n, time.Since(start).Round(time.Millisecond),
 			at[0].Add(lost).Sub(start).Round(time.Millisecond), at[n-1].Add(lost).Sub(start).Round(time.Millisecond))
+		// LOCKS_BENCH_CPUPROFILE profiles from here, the appends done, to the last fact: the
+		// expiries and their settling, without the appends that set them up.
+		stopProfile := startCPUProfile(b, os.Getenv("LOCKS_BENCH_CPUPROFILE"))
 		deadline := at[n-1].Add(lost + 5*time.Minute)
 		for {
 			f.mu.Lock()
@@ -197,6 +200,7 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+		stopProfile()
 		idx := map[string]int{}
 		for i := 0; i < n; i++ {
 			idx[sensorName(i)] = i
@@ -227,6 +231,26 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		b.Logf("%d expiries: delay from deadline to fact in READINGS min %s p50 %s p99 %s max %s",
 			len(delays), delays[0].Round(time.Millisecond), p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), delays[len(delays)-1].Round(time.Millisecond))
 		stop()
+	}
+}
+
+// startCPUProfile writes a CPU profile to path until the returned stop is called; an
+// empty path profiles nothing.
+func startCPUProfile(b *testing.B, path string) (stop func()) {
+	b.Helper()
+	if path == "" {
+		return func() {}
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = out.Close()
 	}
 }
 

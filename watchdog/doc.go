@@ -32,6 +32,11 @@
 // restart does not re-declare it; a repeated append is also de-duplicated by its Nats-Msg-Id
 // (sensor and the READINGS sequence of its last reading).
 //
+// A burst of expiries (a power cut, a network down for a building) is settled by a few
+// workers from a queue, a batch at a time: one direct get reads the batch's last messages, the
+// facts are published asynchronously and their acks awaited together, and the declared marks
+// wait until no expiry is left waiting for its fact.
+//
 // A reconciliation sweep compares sensor_state.last_seen with the keys and repairs any
 // difference, counted in locks_watchdog_reconcile_repairs_total (which should stay 0).
 package watchdog

@@ -2,9 +2,9 @@ package watchdog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -68,6 +68,7 @@ func (w *Watchdog) supersede(sensor string, rev uint64) {
 func (w *Watchdog) declareLoop(ctx context.Context) error {
 	t := time.NewTicker(w.cfg.HoldCheckEvery)
 	defer t.Stop()
+	defer w.workersDone.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -83,13 +84,16 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 }
 
 // caughtUp reports, per partition, the stored time up to which every reading has refreshed
-// its key (math.MaxInt64 when the consumer has nothing left undelivered). The partitions'
-// consumers are asked at once: one round trip per round, not one per partition.
-func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]int64, error) {
+// its key (math.MaxInt64 when the consumer has nothing left undelivered), given in parts the
+// newest expiry held for the partition (unix ns). The partitions' consumers are asked at once:
+// one round trip per round, not one per partition, and only those whose progress has not
+// already passed their newest expiry: while readings flow in (or our own facts, in a burst),
+// progress alone answers, and a round asks nothing.
+func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]int64) (map[int]int64, error) {
 	var mu sync.Mutex
 	out := map[int]int64{}
 	g, gctx := errgroup.WithContext(ctx)
-	for p := range parts {
+	for p, newest := range parts {
 		ps := w.part(p)
 		var cons jetstream.Consumer
 		if ps != nil {
@@ -100,6 +104,10 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 			continue
 		}
 		done := ps.doneTS.Load()
+		if newest <= done {
+			out[p] = done
+			continue
+		}
 		g.Go(func() error {
 			info, err := cons.Info(gctx)
 			if err != nil {
@@ -124,13 +132,18 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]bool) (map[int]in
 	return out, nil
 }
 
-// declareRound settles the held expiries whose partition has applied every reading stored
-// before them while the upstream is caught up, and, whatever the lag, those held for
-// MaxHold: a backlog that does not drain must not hide a sensor that really went silent.
-// settle still reads the sensor's last message in READINGS, so one whose reading did reach
-// the log is refreshed, not declared; one whose reading is still upstream is declared, and
-// restored when that reading comes through.
+// declareRound queues for settling the held expiries whose partition has applied every
+// reading stored before them while the upstream is caught up, and, whatever the lag, those
+// held for MaxHold: a backlog that does not drain must not hide a sensor that really went
+// silent. settle still reads the sensor's last message in READINGS, so one whose reading did
+// reach the log is refreshed, not declared; one whose reading is still upstream is declared,
+// and restored when that reading comes through.
+//
+// It does not wait for what it queued (see settleWorker): a burst of expiries arriving while
+// an earlier one is being settled is queued at the next round, not after the earlier one
+// has been settled to its last expiry.
 func (w *Watchdog) declareRound(ctx context.Context) error {
+	failErr := w.takeFailures()
 	// Asked every round, so that a recovery is seen even while nothing is held.
 	behind := w.upstream.behind(ctx)
 	now := time.Now()
@@ -139,12 +152,13 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
 		w.mu.Unlock()
 		w.setHeldGauges(0, time.Time{}, now)
-		return nil
+		return failErr
 	}
-	parts := map[int]bool{}
+	parts := map[int]int64{}
 	if !behind {
-		for s := range w.held {
-			parts[partition.Of(s, w.cfg.PartitionCount)] = true
+		for s, c := range w.held {
+			p := partition.Of(s, w.cfg.PartitionCount)
+			parts[p] = max(parts[p], c.at.UnixNano())
 		}
 	}
 	w.mu.Unlock()
@@ -154,19 +168,22 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		// Unknown progress counts as behind: only expiries past the bound go.
 		upTo, lagErr = w.caughtUp(ctx, parts)
 	}
-	type job struct {
-		sensor string
-		c      candidate
+	readings, err := w.readingsStream(ctx)
+	if err != nil {
+		return errors.Join(failErr, err)
 	}
-	var jobs []job
+	var due []job
 	var oldest time.Time
 	w.mu.Lock()
 	for s, c := range w.held {
+		if _, ok := w.settling[s]; ok {
+			continue // its earlier expiry is being settled: this one waits for the outcome
+		}
 		// Due: its partition has applied every reading stored before it, upstream too.
-		due := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.PartitionCount)]
-		c.overdue = !due && now.Sub(c.heldSince) >= w.cfg.MaxHold
-		if due || c.overdue {
-			jobs = append(jobs, job{s, c})
+		ok := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.PartitionCount)]
+		c.overdue = !ok && now.Sub(c.heldSince) >= w.cfg.MaxHold
+		if ok || c.overdue {
+			due = append(due, job{s, c})
 			delete(w.held, s)
 		} else if oldest.IsZero() || c.heldSince.Before(oldest) {
 			oldest = c.heldSince
@@ -176,35 +193,8 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
 	w.mu.Unlock()
 	w.setHeldGauges(n, oldest, now)
-	if len(jobs) == 0 {
-		return lagErr
-	}
-	readings, err := w.readingsStream(ctx)
-	if err != nil {
-		for _, j := range jobs {
-			w.requeue(j.sensor, j.c)
-		}
-		return err
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(w.cfg.Concurrency)
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	for _, j := range jobs {
-		g.Go(func() error {
-			if err := w.settle(gctx, readings, j.sensor, j.c); err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-				w.requeue(j.sensor, j.c)
-			}
-			return nil
-		})
-	}
-	_ = g.Wait()
-	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d expiries will be retried: %w", n, firstErr.Load().(error))
-	}
-	return lagErr
+	w.enqueue(ctx, readings, due)
+	return errors.Join(failErr, lagErr)
 }
 
 // readingsStream is READINGS, looked up once: a round then costs no stream info request.
@@ -228,15 +218,4 @@ func (w *Watchdog) setHeldGauges(n int, oldest, now time.Time) {
 		return
 	}
 	w.m.oldestHeld.Set(now.Sub(oldest).Seconds())
-}
-
-// requeue puts back an expiry that could not be settled, unless a newer one came meanwhile.
-func (w *Watchdog) requeue(sensor string, c candidate) {
-	w.mu.Lock()
-	if _, ok := w.held[sensor]; !ok {
-		w.held[sensor] = c
-	}
-	n := len(w.held)
-	w.mu.Unlock()
-	w.m.held.Set(float64(n))
 }

@@ -9,7 +9,7 @@ import (
 type metrics struct {
 	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
 	coalesced                                                              prometheus.Counter
-	held, oldestHeld                                                       prometheus.Gauge
+	held, oldestHeld, queued                                               prometheus.Gauge
 	declaredAtMaxHold                                                      prometheus.Counter
 	delay, markerLag                                                       prometheus.Histogram
 }
@@ -25,6 +25,8 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		alreadyDeclared:  prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_already_declared_total", Help: "Expiries dropped because the sensor's last message already is a liveness_timeout."}),
 		repairs:          prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_reconcile_repairs_total", Help: "Differences between sensor_state and liveness keys repaired by the sweep; should stay 0."}),
 		held:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiries", Help: "Expiries held until the pipeline is caught up."}),
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_settle_queue",
+			Help: "Due expiries waiting for a settle worker (a burst of them: a power cut, a building's network down)."}),
 		oldestHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_watchdog_held_expiry_oldest_seconds",
 			Help: "How long the oldest held expiry has been held (0: none); at LOCKS_WATCHDOG_MAX_HOLD it is declared despite the lag."}),
 		declaredAtMaxHold: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_declared_at_max_hold_total",
@@ -34,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	for _, c := range []prometheus.Collector{m.refreshes, m.coalesced, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared, m.repairs, m.held, m.oldestHeld, m.declaredAtMaxHold, m.delay, m.markerLag} {
+	for _, c := range []prometheus.Collector{m.refreshes, m.coalesced, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared, m.repairs, m.held, m.oldestHeld, m.queued, m.declaredAtMaxHold, m.delay, m.markerLag} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("watchdog metrics: %w", err)
 		}

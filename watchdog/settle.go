@@ -17,6 +17,12 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
+// factAckWait bounds the wait for a fact's acknowledgement.
+const factAckWait = 10 * time.Second
+
+// errFactAckTimeout is a fact whose acknowledgement did not come within factAckWait.
+var errFactAckTimeout = errors.New("no acknowledgement within " + factAckWait.String())
+
 // FactMsgID is the Nats-Msg-Id of the liveness_timeout fact that follows the reading at
 // READINGS sequence seq: the same expiry appended twice is stored once.
 func FactMsgID(sensor string, seq uint64) string {
@@ -25,18 +31,35 @@ func FactMsgID(sensor string, seq uint64) string {
 
 // settle decides one expiry from the sensor's last message in READINGS: nothing when it
 // already is a liveness_timeout (the key is marked), a refresh with the time left when it is
-// a reading younger than lost_after, the fact otherwise.
+// a reading younger than lost_after, the fact otherwise, and then marks the key declared.
 func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) error {
+	mark, err := w.settleDeferred(ctx, readings, sensor, c)
+	if mark != nil {
+		w.writeMark(ctx, *mark)
+	}
+	return err
+}
+
+// settleDeferred is settle, but returns the key's declared mark for the caller to write
+// when it has time (see writeMark) instead of writing it.
+func (w *Watchdog) settleDeferred(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) (*declaredMark, error) {
 	p := partition.Of(sensor, w.cfg.PartitionCount)
 	last, err := readings.GetLastMsgForSubject(ctx, natsx.ReadingsStoredSubject(p, sensor))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil // nothing was ever read from it: nothing to declare
+		return nil, nil // nothing was ever read from it: nothing to declare
 	}
 	if err != nil {
-		return fmt.Errorf("last READINGS message of %s: %w", sensor, err)
+		return nil, fmt.Errorf("last READINGS message of %s: %w", sensor, err)
 	}
+	return w.decide(ctx, sensor, c, last)
+}
+
+// decide settles one expiry given last, the sensor's last message in READINGS (read after
+// the expiry); see settle.
+func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last *jetstream.RawStreamMsg) (*declaredMark, error) {
+	p := partition.Of(sensor, w.cfg.PartitionCount)
 	if !w.mayAct(p) {
-		return nil // p's new owner settles it, from the marker its watch replays
+		return nil, nil // p's new owner settles it, from the marker its watch replays
 	}
 	l, err := event.CheckLog(last.Subject, last.Data, w.cfg.PartitionCount)
 	if err != nil {
@@ -51,7 +74,7 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 	if l.Kind == event.KindLivenessTimeout {
 		w.m.alreadyDeclared.Inc()
 		// Declared before (e.g. we stopped before marking the key): mark it now.
-		return w.markDeclared(ctx, sensor, last, expect)
+		return nil, w.markDeclared(ctx, sensor, last, expect)
 	}
 	lostAfter := w.lostAfter(sensor)
 	now := time.Now()
@@ -61,21 +84,20 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, false), Header: nats.Header{}},
 			append(expect, jetstream.WithMsgTTL(ttlFor(left)))...)
 		if isWrongLastSeq(err) {
-			return nil // refreshed meanwhile
+			return nil, nil // refreshed meanwhile
 		}
 		if err != nil {
-			return fmt.Errorf("refresh %s: %w", sensor, err)
+			return nil, fmt.Errorf("refresh %s: %w", sensor, err)
 		}
-		return nil
+		return nil, nil
 	}
 	fact := event.Log{V: event.Version, Kind: event.KindLivenessTimeout, SensorID: sensor, ReceivedTime: now.UTC(), LostAfter: lostAfter}
 	body, err := jsonFact(fact)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: body, Header: nats.Header{}},
-		jetstream.WithMsgID(FactMsgID(sensor, last.Sequence))); err != nil {
-		return fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
+	if err := w.appendFact(ctx, natsx.ReadingsSubject(sensor), body, FactMsgID(sensor, last.Sequence)); err != nil {
+		return nil, fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
 	}
 	w.m.facts.Inc()
 	if c.overdue {
@@ -89,13 +111,33 @@ func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor
 		w.m.markerLag.Observe(c.at.Sub(l.ReceivedTime.Add(lostAfter)).Seconds())
 	}
 	crashpoint.Hit("watchdog.after_fact")
-	// Marking the key only spares a restart from settling this expiry again (which would
-	// find the fact as the sensor's last message and append nothing): no need to wait.
-	put := &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, true), Header: nats.Header{}}
-	if _, err := w.js.PublishMsgAsync(put, expect...); err != nil {
-		return w.markDeclared(ctx, sensor, last, expect)
+	return &declaredMark{sensor: sensor, received: l.ReceivedTime, seq: last.Sequence, rev: c.rev, expect: c.expect}, nil
+}
+
+// appendFact appends a liveness_timeout to READINGS and waits for its acknowledgement. It
+// publishes asynchronously, so that the settles running at once share the connection's
+// pipeline of acks instead of making a request each; one that cannot be started that way
+// (too many acks pending) is published synchronously.
+func (w *Watchdog) appendFact(ctx context.Context, subject string, body []byte, msgID string) error {
+	fut, err := w.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}, jetstream.WithMsgID(msgID))
+	if err != nil {
+		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}, jetstream.WithMsgID(msgID))
+		return err
 	}
-	return nil
+	// An ack lost without a disconnect (which fails the future) must not stall this worker
+	// for ever: the expiry is retried, and the fact's Nats-Msg-Id keeps it single.
+	t := time.NewTimer(factAckWait)
+	defer t.Stop()
+	select {
+	case <-fut.Ok():
+		return nil
+	case err := <-fut.Err():
+		return err
+	case <-t.C:
+		return errFactAckTimeout
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // markDeclared writes the declared value (no TTL) over the sensor's key, unless the key

@@ -60,6 +60,18 @@ type Watchdog struct {
 	// heldPeak is the most entries held since the map was last made, to know when
 	// shrinking it gives memory back.
 	heldPeak int
+	// settling is the sensors whose due expiry is queued or being settled, queue the due
+	// expiries no worker has taken yet, marks the declared marks owed (see declaredMark), workers how many settle workers run (at most
+	// Concurrency), failed and failedFirst the settles that failed since the declare loop
+	// last warned (all guarded by mu; see enqueue).
+	settling    map[string]struct{}
+	queue       []job
+	marks       []declaredMark
+	workers     int
+	failed      int
+	failedFirst error
+	// workersDone is waited for by the declare loop before it returns.
+	workersDone sync.WaitGroup
 	// wake tells the declare loop that an expiry was held.
 	wake chan struct{}
 	// readings is the READINGS stream handle, looked up by the first declare round.
@@ -84,6 +96,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		upstream: newUpstream(d.Lag, d.JS.Conn(), cfg.CatchUpGrace, log),
 		parts:    map[int]*partState{},
 		held:     map[string]candidate{},
+		settling: map[string]struct{}{},
 		wake:     make(chan struct{}, 1),
 	}
 	empty := map[string]time.Duration{}
