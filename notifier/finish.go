@@ -77,7 +77,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				lease_until = NULL, lease_token = NULL, updated_at = now()
 			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[], $8::bigint[], $9::text[])
 			     AS r(id, token, state, delay, status, err, counted, latency, sensor_id)
-			WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'
+			WHERE d.id = ANY($1::bigint[]) AND d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'
 			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted, latencies, sensors)
 		hq := queueHealth(b, rs, disableAfter)
 		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
