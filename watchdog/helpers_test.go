@@ -287,3 +287,13 @@ func counter(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("metric %s not registered", name)
 	return 0
 }
+
+// settle is settleDeferred with its declared mark written at once: one expiry settled as the
+// workers settle each of a batch.
+func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) error {
+	mark, err := w.settleDeferred(ctx, readings, sensor, c)
+	if mark != nil {
+		w.writeMark(ctx, *mark)
+	}
+	return err
+}

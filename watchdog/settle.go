@@ -29,19 +29,10 @@ func FactMsgID(sensor string, seq uint64) string {
 	return "liveness:" + sensor + ":" + strconv.FormatUint(seq, 10)
 }
 
-// settle decides one expiry from the sensor's last message in READINGS: nothing when it
-// already is a liveness_timeout (the key is marked), a refresh with the time left when it is
-// a reading younger than lost_after, the fact otherwise, and then marks the key declared.
-func (w *Watchdog) settle(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) error {
-	mark, err := w.settleDeferred(ctx, readings, sensor, c)
-	if mark != nil {
-		w.writeMark(ctx, *mark)
-	}
-	return err
-}
-
-// settleDeferred is settle, but returns the key's declared mark for the caller to write
-// when it has time (see writeMark) instead of writing it.
+// settleDeferred decides one expiry from the sensor's last message in READINGS: nothing
+// when it already is a liveness_timeout (the key is marked), a refresh with the time left
+// when it is a reading younger than lost_after, the fact otherwise. It returns the key's
+// declared mark for the caller to write when it has time (see writeMark).
 func (w *Watchdog) settleDeferred(ctx context.Context, readings jetstream.Stream, sensor string, c candidate) (*declaredMark, error) {
 	p := partition.Of(sensor, w.cfg.PartitionCount)
 	last, err := readings.GetLastMsgForSubject(ctx, natsx.ReadingsStoredSubject(p, sensor))
@@ -55,7 +46,7 @@ func (w *Watchdog) settleDeferred(ctx context.Context, readings jetstream.Stream
 }
 
 // decide settles one expiry given last, the sensor's last message in READINGS (read after
-// the expiry); see settle.
+// the expiry); see settleDeferred.
 func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last *jetstream.RawStreamMsg) (*declaredMark, error) {
 	p := partition.Of(sensor, w.cfg.PartitionCount)
 	if !w.mayAct(p) {
