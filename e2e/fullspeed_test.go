@@ -29,24 +29,8 @@ func BenchmarkFullSpeed(b *testing.B) {
 	for range b.N {
 		ctx := b.Context()
 		s := start(b, "LOCKS_LOG_LEVEL=info", "LOCKS_NATS_SYNC=2m")
-		rcv, err := loadgen.NewReceiver("127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer rcv.Close()
-		if err := rcv.Register(ctx, "http://"+s.http, s.token, "full", sensors); err != nil {
-			b.Fatal(err)
-		}
-		warm, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: sensors,
-			Rate: 2000, Count: sensors, Prefix: "full", Seed: 2}, nil, testenv.Logger(b))
-		if err != nil {
-			b.Fatal(err)
-		}
-		testenv.Eventually(b, 5*time.Minute, "the warm-up's webhooks", func() bool {
-			return rcv.Tally().ByType["sensor.state_changed"] >= warm.Changes
-		})
-		_, warmLat := rcv.Latencies(0)
-		warmReceived := rcv.Tally().Received
+		w := warmUp(b, s.rabbit, "http://"+s.http, s.token, "full", sensors)
+		rcv, warm := w.rcv, w.books
 		b.ResetTimer()
 
 		books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: sensors,
@@ -67,7 +51,7 @@ func BenchmarkFullSpeed(b *testing.B) {
 		b.StopTimer()
 
 		t := rcv.Tally()
-		lat, _ := rcv.Latencies(warmLat)
+		lat, _ := rcv.Latencies(w.latencies)
 		for _, p := range loadgen.Check(books, t, time.Hour, false) {
 			b.Error("MISMATCH:", p)
 		}
@@ -75,7 +59,7 @@ func BenchmarkFullSpeed(b *testing.B) {
 		b.ReportMetric(float64(books.Published)/last.Sub(books.Start).Seconds(), "readings/s")
 		b.ReportMetric(float64(books.Published), "readings")
 		b.ReportMetric(float64(books.Changes-warm.Changes), "changes")
-		b.ReportMetric(float64(t.Received-warmReceived), "webhooks")
+		b.ReportMetric(float64(t.Received-w.received), "webhooks")
 		b.ReportMetric(float64(t.Duplicates), "duplicates")
 		b.ReportMetric(loadgen.Quantile(lat, 0.5), "webhook-p50-ms")
 		b.ReportMetric(loadgen.Quantile(lat, 0.99), "webhook-p99-ms")

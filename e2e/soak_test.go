@@ -89,28 +89,8 @@ func BenchmarkSoak(b *testing.B) {
 		c.part("watchdog", "")
 		api := c.part("api", "")
 
-		rcv, err := loadgen.NewReceiver("127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer rcv.Close()
-		if err := rcv.Register(ctx, "http://"+api.http, c.token, "soak", sensors); err != nil {
-			b.Fatal(err)
-		}
-		// Warm-up, not measured: every sensor's first reading (each one a change, as the
-		// system has never seen the sensor), until its webhook is in. A fleet is known to
-		// the system before it reports at a steady rate; 10,000 first readings at once would
-		// otherwise be a burst of notifications no steady rate makes.
-		warm, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: c.rabbit.URL, Queue: c.rabbit.Queue, Sensors: sensors,
-			Rate: 2000, Count: int64(sensors), Prefix: "soak", Seed: 2}, nil, testenv.Logger(b))
-		if err != nil {
-			b.Fatal(err)
-		}
-		testenv.Eventually(b, 5*time.Minute, "the warm-up's webhooks", func() bool {
-			return rcv.Tally().ByType["sensor.state_changed"] >= warm.Changes
-		})
-		_, warmLat := rcv.Latencies(0)
-		warmReceived := rcv.Tally().Received
+		w := warmUp(b, c.rabbit, "http://"+api.http, c.token, "soak", sensors)
+		rcv, warm := w.rcv, w.books
 
 		pool, err := pgxpool.New(ctx, c.pgURL)
 		if err != nil {
@@ -167,7 +147,7 @@ func BenchmarkSoak(b *testing.B) {
 
 		t := rcv.Tally()
 		stateLat, _ := probe.Latencies(0)
-		hookLat, _ := rcv.Latencies(warmLat)
+		hookLat, _ := rcv.Latencies(w.latencies)
 		samples := sampler.Samples()
 		maxLag := 0.0
 		for _, s := range samples {
@@ -196,7 +176,7 @@ func BenchmarkSoak(b *testing.B) {
 		b.ReportMetric(loadgen.Quantile(hookLat, 0.99), "webhook-p99-ms")
 		b.ReportMetric(maxLag, "max-lag-ms")
 		b.ReportMetric(float64(books.Changes-warm.Changes), "changes")
-		b.ReportMetric(float64(t.Received-warmReceived), "webhooks")
+		b.ReportMetric(float64(t.Received-w.received), "webhooks")
 		b.ReportMetric(float64(missing), "missing")
 		b.ReportMetric(float64(t.Duplicates), "duplicates")
 		b.ReportMetric(float64(t.BadSig), "bad-signatures")
@@ -281,4 +261,42 @@ func writeCSV(tb testing.TB, path string, write func(*os.File) error) {
 	if err := errors.Join(write(f), f.Close()); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// warmed is a fleet registered with one client whose receiver got every first reading's
+// webhook: what the measured run continues from.
+type warmed struct {
+	rcv   *loadgen.Receiver
+	books loadgen.Books
+	// latencies and received are the receiver's counts after the warm-up.
+	latencies int
+	received  int64
+}
+
+// warmUp registers sensors and one client with a receiver of its own through the REST API
+// at apiURL, then publishes every sensor's first reading (each one a change, as the system
+// has never seen the sensor) and waits until their webhooks are in. Not measured: a fleet is
+// known to the system before it reports at a steady rate, and 10,000 first readings at once
+// would otherwise be a burst of notifications no steady rate makes.
+func warmUp(b *testing.B, rabbit *testenv.RabbitEnv, apiURL, token, prefix string, sensors int) warmed {
+	b.Helper()
+	ctx := b.Context()
+	rcv, err := loadgen.NewReceiver("127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rcv.Close() })
+	if err := rcv.Register(ctx, apiURL, token, prefix, sensors); err != nil {
+		b.Fatal(err)
+	}
+	books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: rabbit.URL, Queue: rabbit.Queue, Sensors: sensors,
+		Rate: 2000, Count: int64(sensors), Prefix: prefix, Seed: 2}, nil, testenv.Logger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	testenv.Eventually(b, 5*time.Minute, "the warm-up's webhooks", func() bool {
+		return rcv.Tally().ByType["sensor.state_changed"] >= books.Changes
+	})
+	_, lat := rcv.Latencies(0)
+	return warmed{rcv: rcv, books: books, latencies: lat, received: rcv.Tally().Received}
 }
