@@ -3,8 +3,8 @@
 -- read that notifier_deliveries_key (client_id, sensor_id, revision) serves too. Every
 -- delivery changes its state, so the index cost a new entry per attempt, and the planner,
 -- with a single client, took it for the per-key look-ups (newer revision, blocked rows):
--- a scan of all of the client's rows per key, which made ingest and supersede statements
--- take 12-18 ms in the soak (a few rows each).
+-- a scan of all of the client's rows per key (seen in the soak's plans, where ingest and
+-- supersede statements of a few rows took 12-18 ms).
 DROP INDEX notifier_deliveries_client;
 
 -- +goose Down
