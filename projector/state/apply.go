@@ -12,7 +12,6 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
-	"github.com/lock-sensors/lock-sensors/internal/pgplan"
 )
 
 // decodeBatch parses and checks msgs. A message that can never be applied (forged or
@@ -143,7 +142,7 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 func (b *batch) lockAndLoad(ctx context.Context) error {
 	q := &pgx.Batch{}
 	// The batch's reads and writes join its sensors to the partitioned sensor_state.
-	pgplan.QueueKeyed(q)
+	q.Queue(keyedJoins)
 	// Then the fence, so that a claim by another process waits for this transaction or fences it.
 	lease.QueueCheck(q, Name, b.p)
 	q.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, b.p)
@@ -153,7 +152,7 @@ func (b *batch) lockAndLoad(ctx context.Context) error {
 	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
 	q.Queue(selectRows, b.missing)
 	br := b.tx.SendBatch(ctx, q)
-	err := pgplan.ReadKeyed(br)
+	_, err := br.Exec() // keyedJoins
 	if err == nil {
 		err = lease.ReadCheck(br, Name, b.p, b.epoch)
 	}

@@ -30,7 +30,7 @@ func newRowCache(max int) *rowCache {
 
 func (c *rowCache) clear() { clear(c.rows); c.cp = 0 }
 
-// selectRows joins the keys to sensor_state, one index probe each with pgplan's settings
+// selectRows joins the keys to sensor_state, one index probe each with keyedJoins
 // (sensor_id = ANY($1) would probe every partition for every key).
 const selectRows = `SELECT s.sensor_id, s.data, s.last_seen, s.last_reading_time, s.changed_at, s.revision, s.connection, s.last_seq
 	FROM unnest($1::text[]) AS k(sensor_id) JOIN sensor_state s ON s.sensor_id = k.sensor_id`
