@@ -55,43 +55,33 @@ type lostSensor struct {
 // lostSensors are the registered sensors lost now whose id or address contains q, longest
 // lost first.
 func (a *apiClient) lostSensors(ctx context.Context, q string) ([]lostSensor, bool, error) {
-	var out []lostSensor
 	q = strings.ToLower(strings.TrimSpace(q))
-	tok := ""
-	capped := true
-	for range maxScan {
+	all, capped, err := pages(func(tok string) ([]*locksv1.Sensor, string, error) {
 		res, err := a.sensors.ListSensors(ctx, &locksv1.ListSensorsRequest{PageSize: 1000, PageToken: tok,
 			Connection: locksv1.Connection_CONNECTION_LOST})
-		if err != nil {
-			return nil, false, err
+		return res.GetSensors(), res.GetNextPageToken(), err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	var out []lostSensor
+	for _, s := range all {
+		if q != "" && !strings.Contains(strings.ToLower(s.GetId()), q) && !strings.Contains(strings.ToLower(s.GetAddress()), q) {
+			continue
 		}
-		for _, s := range res.GetSensors() {
-			if q != "" && !strings.Contains(strings.ToLower(s.GetId()), q) && !strings.Contains(strings.ToLower(s.GetAddress()), q) {
-				continue
-			}
-			out = append(out, lostSensor{ID: s.GetId(), Address: s.GetAddress(), LastSeen: s.GetState().GetLastSeenTime().AsTime()})
-		}
-		if tok = res.GetNextPageToken(); tok == "" {
-			capped = false
-			break
-		}
+		out = append(out, lostSensor{ID: s.GetId(), Address: s.GetAddress(), LastSeen: s.GetState().GetLastSeenTime().AsTime()})
 	}
 	slices.SortFunc(out, func(x, y lostSensor) int { return x.LastSeen.Compare(y.LastSeen) })
 	return out, capped, nil
 }
 
 func (a *apiClient) listClients(ctx context.Context) ([]*locksv1.Client, error) {
-	var out []*locksv1.Client
-	tok := ""
-	for range maxScan {
+	out, _, err := pages(func(tok string) ([]*locksv1.Client, string, error) {
 		res, err := a.clients.ListClients(ctx, &locksv1.ListClientsRequest{PageSize: 1000, PageToken: tok})
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res.GetClients()...)
-		if tok = res.GetNextPageToken(); tok == "" {
-			break
-		}
+		return res.GetClients(), res.GetNextPageToken(), err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -142,20 +132,30 @@ func (a *apiClient) clientStat(ctx context.Context, c *locksv1.Client) clientSta
 }
 
 func (a *apiClient) deadLetters(ctx context.Context, clientID string) ([]*locksv1.DeadDelivery, error) {
-	var out []*locksv1.DeadDelivery
-	tok := ""
-	for range maxScan {
+	out, _, err := pages(func(tok string) ([]*locksv1.DeadDelivery, string, error) {
 		res, err := a.history.ListClientDeliveries(ctx, &locksv1.ListClientDeliveriesRequest{ClientId: clientID,
 			State: "dead", PageSize: 1000, PageToken: tok})
+		return res.GetDeadDeliveries(), res.GetNextPageToken(), err
+	})
+	return out, err // what was read before an error is shown with it
+}
+
+// pages reads up to maxScan pages through page (a page's items and the next token from
+// tok), and says whether pages were left unread (capped). On an error it returns what the
+// earlier pages held.
+func pages[T any](page func(tok string) ([]T, string, error)) (out []T, capped bool, err error) {
+	tok := ""
+	for range maxScan {
+		items, next, err := page(tok)
 		if err != nil {
-			return out, err
+			return out, false, err
 		}
-		out = append(out, res.GetDeadDeliveries()...)
-		if tok = res.GetNextPageToken(); tok == "" {
-			break
+		out = append(out, items...)
+		if tok = next; tok == "" {
+			return out, false, nil
 		}
 	}
-	return out, nil
+	return out, true, nil
 }
 
 // resend sends one delivery again (a dead letter), with a fresh schedule and the same webhook-id.
