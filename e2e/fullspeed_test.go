@@ -1,9 +1,8 @@
 package e2e_test
 
 import (
-	"time"
-
 	"testing"
+	"time"
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/lock-sensors/lock-sensors/loadgen"
