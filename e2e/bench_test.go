@@ -38,6 +38,11 @@ func (s *system) metric(name string) float64 {
 // It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
 // one run, so that the cost of fsync on every write is measured on the same machine and load:
 // sync=2m is nats-server's default, sync=always what the README's "Durability" chooses.
+// components are the `locks run` process (its CPU is also cpu-µs/reading) and the servers.
+func (s *system) components() []testenv.Component {
+	return append([]testenv.Component{{Name: "locks-process", CPU: testenv.PidCPU(s.pid)}}, testenv.Servers()...)
+}
+
 func BenchmarkEndToEndIngest(b *testing.B) {
 	dur := 60 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_E2E_DURATION")); err == nil {
@@ -67,6 +72,7 @@ func benchIngest(b *testing.B, dur time.Duration, rate int, env ...string) {
 		batches0 := s.metric("locks_state_batch_size_count")
 		waits0, waited0 := s.metric("locks_postgres_pool_empty_acquires_total"), s.metric("locks_postgres_pool_empty_wait_seconds_total")
 		prof := s.cpuProfile(b.Context(), dur)
+		machine := testenv.StartCPU(s.components())
 		type res struct {
 			books loadgen.Books
 			err   error
@@ -110,6 +116,7 @@ func benchIngest(b *testing.B, dur time.Duration, rate int, env ...string) {
 		cpu := s.metric("process_cpu_seconds_total") - cpu0
 		batches := s.metric("locks_state_batch_size_count") - batches0
 		waits, waited := s.metric("locks_postgres_pool_empty_acquires_total")-waits0, s.metric("locks_postgres_pool_empty_wait_seconds_total")-waited0
+		use := machine.Stop()
 		b.StopTimer()
 		p, err := prof()
 		if err != nil {
@@ -134,6 +141,7 @@ func benchIngest(b *testing.B, dur time.Duration, rate int, env ...string) {
 		b.ReportMetric(perReading, "cpu-µs/reading")
 		b.ReportMetric(perReading*(1-share), "locks-cpu-µs/reading")
 		b.ReportMetric(perReading*share, "nats-cpu-µs/reading")
+		testenv.ReportCPUPer(b, use, float64(r.books.Published), "reading")
 		// Each batch is one Postgres transaction and one ack: fewer, larger ones cost less.
 		b.ReportMetric(float64(r.books.Published)/batches, "readings/state-batch")
 		if s.metric("locks_postgres_pool_max_conns") > 0 { // a build without the pool's metrics has none

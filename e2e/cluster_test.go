@@ -152,136 +152,15 @@ func (c *cluster) part(targets, partitions string, env ...string) *part {
 	return p
 }
 
-// procStat is what /proc/<pid>/stat says of one process.
-type procStat struct {
-	pid, ppid   int
-	comm        string
-	cpu         float64 // utime + stime, seconds
-	childrenCPU float64 // cutime + cstime: children that exited and were waited for
-}
-
-// clockTick is USER_HZ, 100 on every Linux this runs on (getconf CLK_TCK).
-const clockTick = 100
-
-func readStat(pid int) (procStat, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return procStat{}, false
-	}
-	s := string(b)
-	i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if i < 0 || j < i {
-		return procStat{}, false
-	}
-	f := strings.Fields(s[j+1:])
-	if len(f) < 15 {
-		return procStat{}, false
-	}
-	num := func(k int) float64 { v, _ := strconv.ParseFloat(f[k], 64); return v }
-	ppid, _ := strconv.Atoi(f[1])
-	return procStat{pid: pid, ppid: ppid, comm: s[i+1 : j], cpu: (num(11) + num(12)) / clockTick,
-		childrenCPU: (num(13) + num(14)) / clockTick}, true
-}
-
-// cpuOf is the CPU seconds used so far by every process whose command name is one of comms:
-// their own, plus what their exited children used (counted by the parent outside the group),
-// so that short-lived processes (Postgres backends) are not lost between two readings.
-func cpuOf(comms ...string) float64 {
-	entries, _ := os.ReadDir("/proc")
-	in := map[int]procStat{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ok := readStat(pid); ok {
-			for _, c := range comms {
-				if st.comm == c {
-					in[pid] = st
-				}
-			}
-		}
-	}
-	var sum float64
-	for _, st := range in {
-		sum += st.cpu
-		if _, parentIn := in[st.ppid]; !parentIn {
-			sum += st.childrenCPU
-		}
-	}
-	return sum
-}
-
-// component is one line of the CPU table: how to read its CPU seconds so far.
-type component struct {
-	name string
-	cpu  func() float64
-}
-
-func pidCPU(pid int) func() float64 {
-	return func() float64 {
-		st, _ := readStat(pid)
-		return st.cpu + st.childrenCPU
-	}
-}
-
 // components are the cluster's processes, the servers and this process (the load
 // generator, its webhook receiver and the samplers).
-func (c *cluster) components() []component {
-	cs := []component{}
+func (c *cluster) components() []testenv.Component {
+	cs := []testenv.Component{}
 	for _, p := range c.parts {
-		cs = append(cs, component{"locks-" + strings.ReplaceAll(p.name, " ", "-"), pidCPU(p.cmd.Process.Pid)})
+		cs = append(cs, testenv.Component{Name: "locks-" + strings.ReplaceAll(p.name, " ", "-"), CPU: testenv.PidCPU(p.cmd.Process.Pid)})
 	}
-	return append(cs,
-		component{"nats-server", pidCPU(c.nats.Process.Pid)},
-		component{"rabbitmq", func() float64 { return cpuOf("beam.smp", "erl_child_setup", "epmd", "inet_gethost") }},
-		component{"postgres", func() float64 { return cpuOf("postgres") }},
-		component{"clickhouse", func() float64 { return cpuOf("clickhouse-serv", "clickhouse-server") }},
-		component{"loadgen", pidCPU(os.Getpid())},
-	)
-}
-
-// cpuMeter takes CPU seconds of every component at start and at stop.
-type cpuMeter struct {
-	cs     []component
-	before []float64
-	start  time.Time
-}
-
-func startCPU(cs []component) *cpuMeter {
-	m := &cpuMeter{cs: cs, start: time.Now()}
-	for _, c := range cs {
-		m.before = append(m.before, c.cpu())
-	}
-	return m
-}
-
-// cpuUse is one component's CPU over the measured span.
-type cpuUse struct {
-	name    string
-	seconds float64
-	percent float64 // of one core
-}
-
-func (m *cpuMeter) stop() []cpuUse {
-	wall := time.Since(m.start).Seconds()
-	var out []cpuUse
-	for i, c := range m.cs {
-		s := c.cpu() - m.before[i]
-		out = append(out, cpuUse{c.name, s, 100 * s / wall})
-	}
-	return out
-}
-
-// reportCPU reports each component's share of one core (unit <name>-cpu%) and the total.
-func reportCPU(b *testing.B, use []cpuUse) {
-	var total float64
-	for _, u := range use {
-		b.ReportMetric(u.percent, u.name+"-cpu%")
-		total += u.percent
-		b.Logf("CPU %-24s %8.1f s %6.1f%% of one core", u.name, u.seconds, u.percent)
-	}
-	b.ReportMetric(total, "total-cpu%")
+	cs = append(cs, testenv.Component{Name: "nats-server", CPU: testenv.PidCPU(c.nats.Process.Pid)})
+	return append(cs, testenv.Servers()...)
 }
 
 // benchOut is where benchmarks write their time series for benchreport (LOCKS_BENCH_OUT,

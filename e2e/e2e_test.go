@@ -57,6 +57,7 @@ type system struct {
 	token  string
 	rabbit *testenv.RabbitEnv
 	log    *syncBuffer
+	pid    int // of the `locks run` process
 }
 
 // syncBuffer collects a process's output.
@@ -89,6 +90,7 @@ func start(t testing.TB, extraEnv ...string) *system {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	s.pid = cmd.Process.Pid
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {

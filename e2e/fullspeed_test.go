@@ -31,6 +31,7 @@ func BenchmarkFullSpeed(b *testing.B) {
 		w := warmUp(b, s.rabbit, "http://"+s.http, s.token, "full", sensors)
 		rcv, warm := w.rcv, w.books
 		b.ResetTimer()
+		machine := testenv.StartCPU(s.components())
 
 		books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: sensors,
 			Rate: 200_000, ChangeRatio: 0.05, Duration: dur, Prefix: "full", Seed: 1, Last: warm.Last}, nil, testenv.Logger(b))
@@ -47,6 +48,7 @@ func BenchmarkFullSpeed(b *testing.B) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		last := time.Now()
+		use := machine.Stop()
 		b.StopTimer()
 
 		t := rcv.Tally()
@@ -63,5 +65,6 @@ func BenchmarkFullSpeed(b *testing.B) {
 		b.ReportMetric(loadgen.Quantile(lat, 0.5), "webhook-p50-ms")
 		b.ReportMetric(loadgen.Quantile(lat, 0.99), "webhook-p99-ms")
 		b.ReportMetric(last.Sub(books.End).Seconds(), "last-webhook-after-s")
+		testenv.ReportCPUPer(b, use, float64(books.Published), "reading")
 	}
 }

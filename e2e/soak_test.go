@@ -109,7 +109,7 @@ func BenchmarkSoak(b *testing.B) {
 		probeDone, samplerDone := make(chan struct{}), make(chan struct{})
 		go func() { probe.Run(sctx, 250*time.Millisecond); close(probeDone) }()
 		go func() { sampler.Run(sctx); close(samplerDone) }()
-		meter := startCPU(c.components())
+		meter := testenv.StartCPU(c.components())
 		b.ResetTimer()
 
 		books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: c.rabbit.URL, Queue: c.rabbit.Queue, Sensors: sensors,
@@ -134,7 +134,7 @@ func BenchmarkSoak(b *testing.B) {
 			time.Sleep(250 * time.Millisecond)
 		}
 		settled := time.Since(books.End)
-		use := meter.stop()
+		use := meter.Stop()
 		// One more second for the probe and the sampler to see the last commits.
 		time.Sleep(1100 * time.Millisecond)
 		stopSampling()
@@ -182,7 +182,7 @@ func BenchmarkSoak(b *testing.B) {
 		b.ReportMetric(float64(t.BadSig), "bad-signatures")
 		b.ReportMetric(float64(backlogAtEnd), "backlog-at-end")
 		b.ReportMetric(settled.Seconds(), "settle-s")
-		reportCPU(b, use)
+		testenv.ReportCPU(b, use)
 	}
 }
 
@@ -221,7 +221,7 @@ func BenchmarkScaling(b *testing.B) {
 				}
 				b.ResetTimer()
 				c.part("bridge", "")
-				meter := startCPU(c.components())
+				meter := testenv.StartCPU(c.components())
 				from := applied()
 				deadline := time.Now().Add(10 * time.Minute)
 				for applied() < float64(books.Published) {
@@ -230,15 +230,15 @@ func BenchmarkScaling(b *testing.B) {
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
-				use := meter.stop()
-				drain := time.Since(meter.start)
+				use := meter.Stop()
+				drain := time.Since(meter.Start)
 				b.StopTimer()
 				// The state processes as one component, so that the rows line up across N.
-				var merged []cpuUse
-				st := cpuUse{name: "locks-state"}
+				var merged []testenv.CPUUse
+				st := testenv.CPUUse{Name: "locks-state"}
 				for _, u := range use {
-					if strings.HasPrefix(u.name, "locks-state") {
-						st.seconds, st.percent = st.seconds+u.seconds, st.percent+u.percent
+					if strings.HasPrefix(u.Name, "locks-state") {
+						st.Seconds, st.Percent = st.Seconds+u.Seconds, st.Percent+u.Percent
 						continue
 					}
 					merged = append(merged, u)
@@ -247,7 +247,7 @@ func BenchmarkScaling(b *testing.B) {
 				b.ReportMetric((float64(books.Published)-from)/drain.Seconds(), "readings/s")
 				b.ReportMetric(float64(books.Published)/books.End.Sub(books.Start).Seconds(), "fill-published/s")
 				b.ReportMetric(float64(books.Published), "readings")
-				reportCPU(b, merged)
+				testenv.ReportCPU(b, merged)
 			}
 		})
 	}

@@ -134,6 +134,7 @@ func BenchmarkBareRabbitPassThrough(b *testing.B) {
 		}
 		consumed := make(chan error, 1)
 		b.ResetTimer()
+		machine := testenv.StartCPU(testenv.Servers())
 		start := time.Now()
 		go func() {
 			for range messages {
@@ -160,8 +161,11 @@ func BenchmarkBareRabbitPassThrough(b *testing.B) {
 			b.Fatal("the consumer did not get every message within 2 minutes")
 		}
 		el := time.Since(start)
+		use := machine.Stop()
 		b.StopTimer()
 		b.ReportMetric(float64(messages)/el.Seconds(), "msgs/s")
 		b.ReportMetric(float64(messages)/published.Seconds(), "published/s")
+		// What one message costs the machine: RabbitMQ, and this process publishing and consuming.
+		testenv.ReportCPUPer(b, use, float64(messages), "reading")
 	}
 }
