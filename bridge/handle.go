@@ -32,7 +32,7 @@ type item struct {
 	start time.Time
 	// One of: a reading's append (msg, and future or pubErr), or an invalid message's confirm.
 	msg     *nats.Msg
-	future  jetstream.PubAckFuture
+	future  appendFuture
 	pubErr  error
 	confirm *amqp.DeferredConfirmation
 	reason  string
@@ -42,9 +42,12 @@ type item struct {
 	done chan struct{}
 }
 
+// appender starts one append to READINGS: alone (PublishMsgAsync) or in a batch (batch.go).
+type appender func(*nats.Msg) (appendFuture, error)
+
 // handle starts the work on one delivery: an async append, or a confirmed publish to the
 // invalid queue. It never blocks on the result.
-func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery, ord *order, sess *session) item {
+func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery, ord *order, sess *session, appendMsg appender) item {
 	now := time.Now().UTC()
 	it := item{tag: d.DeliveryTag, start: now}
 	r, err := Decode(d.Body, now)
@@ -117,6 +120,6 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	it.done = make(chan struct{})
 	ord.track(r.SensorID, it.done)
 	it.msg = msg
-	it.future, it.pubErr = b.js.PublishMsgAsync(msg)
+	it.future, it.pubErr = appendMsg(msg)
 	return it
 }

@@ -79,7 +79,7 @@ type env struct {
 func newEnv(t testing.TB, amqpURL string) *env {
 	t.Helper()
 	ne := testenv.NATS(t)
-	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4}); err != nil {
+	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4, AtomicPublish: atomicBatches}); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{nats: ne, js: testenv.JetStream(t, ne.URL, "bridge-test"), amqp: amqpURL}
@@ -232,3 +232,8 @@ func (e *env) readings(t testing.TB) ([]event.Log, []string) {
 }
 
 // eventually polls cond until it holds or the deadline passes.
+
+// atomicBatches is whether the tests' READINGS allows atomic batches, so that the bridge
+// appends in them (batch.go), as it does on the embedded server's default. Set
+// LOCKS_TEST_BRIDGE_BATCHES=false to run the suite with single appends (an external NATS).
+var atomicBatches = os.Getenv("LOCKS_TEST_BRIDGE_BATCHES") != "false"

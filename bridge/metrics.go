@@ -15,6 +15,9 @@ type metrics struct {
 	standby    prometheus.Gauge
 	connects   prometheus.Counter
 	retries    prometheus.Counter
+	// batches and batchFailures count atomic batches committed and failed (batch.go).
+	batches       prometheus.Counter
+	batchFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -52,11 +55,19 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Name: "locks_bridge_publish_retries_total",
 			Help: "Appends retried after a failed or timed-out JetStream publish.",
 		}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_batches_total",
+			Help: "Atomic batches of readings appended to READINGS (when the stream allows them).",
+		}),
+		batchFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "locks_bridge_batch_failures_total",
+			Help: "Atomic batches refused or unanswered; their readings were retried one by one.",
+		}),
 	}
 	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS} {
 		m.invalid.WithLabelValues(reason)
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.standby, m.connects, m.retries} {
+	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.standby, m.connects, m.retries, m.batches, m.batchFailures} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("bridge metrics: %w", err)
 		}

@@ -8,7 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 func (b *Bridge) dial(name string) (*amqp.Connection, error) {
@@ -93,6 +96,10 @@ func (b *Bridge) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	appendMsg, err := b.appender(ctx, dctx)
+	if err != nil {
+		return err
+	}
 	pending := make(chan item, b.cfg.MaxInFlight)
 	var (
 		failOnce sync.Once
@@ -136,7 +143,7 @@ read:
 				readErr = errors.New("RabbitMQ channel closed")
 				break read
 			}
-			it := b.handle(ctx, pub, d, ord, sess)
+			it := b.handle(ctx, pub, d, ord, sess, appendMsg)
 			b.m.inFlight.Inc()
 			pending <- it // bounded: blocks while MaxInFlight messages await their ack
 		}
@@ -147,6 +154,22 @@ read:
 		return failErr
 	}
 	return readErr
+}
+
+// appender is how this session appends readings: in atomic batches when READINGS allows
+// them, each alone otherwise. The batcher lives until dctx ends (the session's end, or its
+// drain's).
+func (b *Bridge) appender(ctx, dctx context.Context) (appender, error) {
+	s, err := b.js.Stream(ctx, natsx.ReadingsStream)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", natsx.ReadingsStream, err)
+	}
+	if !s.CachedInfo().Config.AllowAtomicPublish {
+		return func(msg *nats.Msg) (appendFuture, error) { return b.js.PublishMsgAsync(msg) }, nil
+	}
+	bt := newBatcher(dctx, b.js, &b.m, b.cfg.PublishTimeout)
+	go bt.run()
+	return bt.add, nil
 }
 
 // declareQueue declares q durable if it is missing, and takes it as it is if it exists, so

@@ -51,7 +51,10 @@ func declareStreams(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL,
-		ReadingsMaxAge: cfg.ReadingsMaxAge, EventsMaxAge: cfg.EventsMaxAge, DeliveriesMaxAge: cfg.DeliveriesMaxAge})
+		ReadingsMaxAge: cfg.ReadingsMaxAge, EventsMaxAge: cfg.EventsMaxAge, DeliveriesMaxAge: cfg.DeliveriesMaxAge,
+		// The embedded server fsyncs every write by default: the bridge's batches then cost one
+		// fsync each (README "Durability"). An external server keeps its streams as they are.
+		AtomicPublish: cfg.NATSURL == "" && cfg.NATSSync.Always})
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), err)
 	}

@@ -31,6 +31,10 @@ type StreamsConfig struct {
 	// messages (see MaxAge and applyMaxAges): READINGS and EVENTS for ever and DELIVERIES
 	// DeliveriesMaxAgeDefault unless configured.
 	ReadingsMaxAge, EventsMaxAge, DeliveriesMaxAge MaxAge
+	// AtomicPublish lets READINGS take atomic batches (nats-server 2.12+), which the bridge
+	// then appends in: a server that syncs every write syncs a batch once (see
+	// bridge/batch.go). An existing stream that allows them keeps allowing them.
+	AtomicPublish bool
 }
 
 // LeaseTTLDefault is StreamsConfig.LeaseTTL's default.
@@ -76,7 +80,8 @@ func readingsConfig(c StreamsConfig) jetstream.StreamConfig {
 		Duplicates: c.Duplicates,
 		Replicas:   c.Replicas,
 		// The watchdog reads each expiring sensor's last message; direct gets skip the API queue.
-		AllowDirect: true,
+		AllowDirect:        true,
+		AllowAtomicPublish: c.AtomicPublish,
 	}
 }
 
@@ -248,6 +253,7 @@ func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error
 		next.Duplicates = min(next.Duplicates, have.MaxAge) // the server refuses a window beyond MaxAge
 	}
 	next.AllowDirect = have.AllowDirect || want.AllowDirect
+	next.AllowAtomicPublish = have.AllowAtomicPublish || want.AllowAtomicPublish
 	next.AllowMsgTTL = have.AllowMsgTTL || want.AllowMsgTTL
 	next.SubjectDeleteMarkerTTL = max(have.SubjectDeleteMarkerTTL, want.SubjectDeleteMarkerTTL)
 	if next.Description == "" {
