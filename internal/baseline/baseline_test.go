@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
@@ -103,6 +106,81 @@ func BenchmarkBareJetStreamPublisher(b *testing.B) {
 		el := time.Since(start)
 		b.StopTimer()
 		b.ReportMetric(float64(messages)/el.Seconds(), "msgs/s")
+	}
+}
+
+// BenchmarkBareJetStreamSyncAlways: 30,000 appends with Nats-Msg-Id into a file-backed
+// stream on an embedded server that syncs every write (LOCKS_NATS_SYNC=always, the
+// default): each alone (the nats.go async publisher, 4,096 in flight), and in atomic batches
+// of 256 committed one after another (jetstreamext.PublishMsgBatch, as the bridge does,
+// bridge/batch.go). The server syncs once per append, or once per batch.
+func BenchmarkBareJetStreamSyncAlways(b *testing.B) {
+	const n = 30_000
+	for _, mode := range []string{"single", "atomic256"} {
+		b.Run(mode, func(b *testing.B) {
+			for range b.N {
+				ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+					StoreDir: b.TempDir(), NoSigs: true, NoLog: true, SyncAlways: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				go ns.Start()
+				if !ns.ReadyForConnections(10 * time.Second) {
+					b.Fatal("embedded NATS not ready within 10s")
+				}
+				b.Cleanup(ns.Shutdown)
+				nc, err := nats.Connect(ns.ClientURL())
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(nc.Close)
+				js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx := b.Context()
+				if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BARE", Subjects: []string{"bare.>"},
+					Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, AllowAtomicPublish: true}); err != nil {
+					b.Fatal(err)
+				}
+				msg := func(i int) *nats.Msg {
+					m := &nats.Msg{Subject: fmt.Sprintf("bare.s%d", i%100_000), Data: body(i), Header: nats.Header{}}
+					m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m%d", i))
+					return m
+				}
+				b.ResetTimer()
+				start := time.Now()
+				if mode == "single" {
+					for i := range n {
+						if _, err := js.PublishMsgAsync(msg(i), jetstream.WithStallWait(time.Minute)); err != nil {
+							b.Fatal(err)
+						}
+					}
+					select {
+					case <-js.PublishAsyncComplete():
+					case <-time.After(5 * time.Minute):
+						b.Fatal("async publishes not acknowledged within 5 minutes")
+					}
+				} else {
+					batch := make([]*nats.Msg, 0, 256)
+					for i := range n {
+						batch = append(batch, msg(i))
+						if len(batch) == cap(batch) || i == n-1 {
+							if _, err := jetstreamext.PublishMsgBatch(ctx, js, batch); err != nil {
+								b.Fatal(err)
+							}
+							batch = batch[:0]
+						}
+					}
+				}
+				el := time.Since(start)
+				b.StopTimer()
+				if s, err := js.Stream(ctx, "BARE"); err != nil || s.CachedInfo().State.Msgs != n {
+					b.Fatalf("stream holds the wrong count after %d appends (err %v)", n, err)
+				}
+				b.ReportMetric(float64(n)/el.Seconds(), "msgs/s")
+			}
+		})
 	}
 }
 
