@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
