@@ -31,9 +31,10 @@ type StreamsConfig struct {
 	// messages (see MaxAge and applyMaxAges): READINGS and EVENTS for ever and DELIVERIES
 	// DeliveriesMaxAgeDefault unless configured.
 	ReadingsMaxAge, EventsMaxAge, DeliveriesMaxAge MaxAge
-	// AtomicPublish lets READINGS take atomic batches (nats-server 2.12+), which the bridge
-	// then appends in: a server that syncs every write syncs a batch once (see
-	// bridge/batch.go). An existing stream that allows them keeps allowing them.
+	// AtomicPublish lets READINGS, EVENTS and DELIVERIES take atomic batches (nats-server
+	// 2.12+), which the bridge and the outbox relays then publish in: a server that syncs
+	// every write syncs a batch once (see bridge/batch.go). An existing stream that allows
+	// them keeps allowing them.
 	AtomicPublish bool
 }
 
@@ -95,6 +96,8 @@ func deliveriesConfig(c StreamsConfig) jetstream.StreamConfig {
 		MaxAge:      c.DeliveriesMaxAge.orDefault(DeliveriesMaxAgeDefault),
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
+		// The relays publish their rows in atomic batches where allowed (internal/outbox).
+		AllowAtomicPublish: c.AtomicPublish,
 	}
 }
 
@@ -108,6 +111,8 @@ func eventsConfig(c StreamsConfig) jetstream.StreamConfig {
 		MaxAge:      c.EventsMaxAge.Age,
 		Duplicates:  c.Duplicates,
 		Replicas:    c.Replicas,
+		// The relays publish their rows in atomic batches where allowed (internal/outbox).
+		AllowAtomicPublish: c.AtomicPublish,
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/part"
@@ -59,6 +61,10 @@ type Relay struct {
 	relayed  prometheus.Counter
 	dropped  prometheus.Counter
 	failures prometheus.Counter
+	// batches and batchFailures count atomic batches sent and refused (publishBatches).
+	batches, batchFailures prometheus.Counter
+	// allowsAtomic caches whether the rows' stream takes atomic batches (atomic).
+	allowsAtomic atomic.Pointer[bool]
 }
 
 // New builds a relay.
@@ -86,8 +92,12 @@ func New(cfg Config, d Deps) (*Relay, error) {
 			Help: "Outbox rows found already published after a failure, deleted without publishing."}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_outbox_round_errors_total",
 			Help: "Relay rounds that failed and will be retried."}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_outbox_batches_total",
+			Help: "Atomic batches of rows published (when the stream allows them)."}),
+		batchFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_outbox_batch_failures_total",
+			Help: "Atomic batches refused or unanswered; their rows were published one by one."}),
 	}
-	for _, c := range []prometheus.Collector{r.relayed, r.dropped, r.failures} {
+	for _, c := range []prometheus.Collector{r.relayed, r.dropped, r.failures, r.batches, r.batchFailures} {
 		if err := d.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("outbox %s: register metrics: %w", cfg.Name, err)
 		}
@@ -257,35 +267,93 @@ func (r *Relay) publish(ctx context.Context, rows []Row) ([]Row, error) {
 		waves[k] = append(waves[k], o)
 	}
 	acked := make([]Row, 0, len(rows))
-	timeout := time.NewTimer(r.cfg.AckTimeout)
-	defer timeout.Stop()
 	for _, wave := range waves {
-		timeout.Reset(r.cfg.AckTimeout)
-		var errs []error
-		futs := make([]jetstream.PubAckFuture, 0, len(wave))
-		for _, o := range wave {
-			f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Data: o.Data}, jetstream.WithMsgID(o.MsgID))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("publish %s: %w", o.MsgID, err))
-				break
-			}
-			futs = append(futs, f)
+		if r.atomic(ctx, wave[0].Subject) {
+			wave = r.publishBatches(ctx, wave, &acked)
 		}
-		for i, f := range futs {
-			select {
-			case <-f.Ok():
-				acked = append(acked, wave[i])
-			case err := <-f.Err():
-				errs = append(errs, fmt.Errorf("publish %s: %w", wave[i].MsgID, err))
-			case <-timeout.C:
-				return acked, fmt.Errorf("%w (%s)", ErrNotAcked, r.cfg.AckTimeout)
-			case <-ctx.Done():
-				return acked, ctx.Err()
-			}
-		}
-		if len(errs) > 0 {
-			return acked, errors.Join(errs...)
+		if err := r.publishEach(ctx, wave, &acked); err != nil {
+			return acked, err
 		}
 	}
 	return acked, nil
+}
+
+// maxBatch is the most rows one atomic batch carries (nats-server's limit is 1,000).
+const maxBatch = 256
+
+// publishBatches sends wave in atomic batches, appending the rows acknowledged to acked, and
+// returns the rows still to send: those of the first batch that failed (a Nats-Msg-Id
+// already in the stream fails its whole batch: a row published again after a crash) and
+// every one after it, for publishEach, whose single publishes JetStream de-duplicates one
+// by one. A server that syncs every write syncs a batch once (bridge/batch.go).
+func (r *Relay) publishBatches(ctx context.Context, wave []Row, acked *[]Row) []Row {
+	for len(wave) > 0 {
+		n := min(len(wave), maxBatch)
+		msgs := make([]*nats.Msg, n)
+		for i, o := range wave[:n] {
+			msgs[i] = &nats.Msg{Subject: o.Subject, Data: o.Data, Header: nats.Header{jetstream.MsgIDHeader: []string{o.MsgID}}}
+		}
+		bctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
+		ack, err := jetstreamext.PublishMsgBatch(bctx, r.js, msgs)
+		cancel()
+		if err != nil || ack == nil || ack.BatchSize != uint64(n) {
+			r.batchFailures.Inc()
+			return wave
+		}
+		r.batches.Inc()
+		*acked = append(*acked, wave[:n]...)
+		wave = wave[n:]
+	}
+	return nil
+}
+
+// publishEach sends wave's rows each alone, appending those acknowledged to acked.
+func (r *Relay) publishEach(ctx context.Context, wave []Row, acked *[]Row) error {
+	if len(wave) == 0 {
+		return nil
+	}
+	timeout := time.NewTimer(r.cfg.AckTimeout)
+	defer timeout.Stop()
+	var errs []error
+	futs := make([]jetstream.PubAckFuture, 0, len(wave))
+	for _, o := range wave {
+		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Data: o.Data}, jetstream.WithMsgID(o.MsgID))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("publish %s: %w", o.MsgID, err))
+			break
+		}
+		futs = append(futs, f)
+	}
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+			*acked = append(*acked, wave[i])
+		case err := <-f.Err():
+			errs = append(errs, fmt.Errorf("publish %s: %w", wave[i].MsgID, err))
+		case <-timeout.C:
+			return fmt.Errorf("%w (%s)", ErrNotAcked, r.cfg.AckTimeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// atomic says whether the stream of subject allows atomic batches (natsx.StreamsConfig.
+// AtomicPublish), looked up once; a failed look-up says no and is tried again next time.
+func (r *Relay) atomic(ctx context.Context, subject string) bool {
+	if v := r.allowsAtomic.Load(); v != nil {
+		return *v
+	}
+	name, err := r.js.StreamNameBySubject(ctx, subject)
+	if err != nil {
+		return false
+	}
+	s, err := r.js.Stream(ctx, name)
+	if err != nil {
+		return false
+	}
+	v := s.CachedInfo().Config.AllowAtomicPublish
+	r.allowsAtomic.Store(&v)
+	return v
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
@@ -228,5 +230,46 @@ func TestConfigValidate(t *testing.T) {
 		if c.Validate() == nil {
 			t.Errorf("%s: no error", name)
 		}
+	}
+}
+
+// On a stream that allows atomic batches, rows go in batches; a batch holding a row already
+// in the stream (published before a lost delete) is refused whole and its rows go one by
+// one, so every row is stored once, each key's in order.
+func TestRelayAtomicBatchesOnceInOrder(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if _, err := f.js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "A", Subjects: []string{"at.>"},
+		AllowAtomicPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.js.Publish(t.Context(), "at.k3", []byte("k3-000"), jetstream.WithMsgID("k3-000")); err != nil {
+		t.Fatal(err)
+	}
+	const keys, revs = 30, 10
+	for r := range revs {
+		for k := range keys {
+			id := fmt.Sprintf("k%d-%03d", k, r)
+			f.row(fmt.Sprintf("at.k%d", k), id, fmt.Sprintf("k%d", k), int64(r))
+		}
+	}
+	cfg := f.config(false)
+	cfg.Batch = 100
+	r := f.start(cfg)
+	testenv.Eventually(t, 20*time.Second, "outbox emptied", func() bool { return f.left() == 0 })
+	got := f.messages("A")
+	if len(got) != keys*revs {
+		t.Fatalf("stream holds %d messages, want %d (k3-000 once)", len(got), keys*revs)
+	}
+	last := map[string]string{}
+	for _, m := range got {
+		k, _, _ := strings.Cut(m, "-")
+		if m <= last[k] {
+			t.Fatalf("key %s: %s after %s", k, m, last[k])
+		}
+		last[k] = m
+	}
+	if b, bf := testutil.ToFloat64(r.batches), testutil.ToFloat64(r.batchFailures); b == 0 || bf < 1 {
+		t.Fatalf("%v batches, %v refused: want batches, and the one holding k3-000 refused", b, bf)
 	}
 }
