@@ -18,16 +18,21 @@ import (
 // expected webhook, polled every 50 ms), judged against BareRabbitPassThrough in the same
 // run; and the books (every change received once and in order, no bad signature).
 //
-// The embedded NATS store syncs every 2 minutes here (LOCKS_NATS_SYNC=2m, nats-server's
-// default), as in EndToEndIngest's first row: with `always`, the README's durable default,
-// every stored message waits for an fsync and ingest is bound by the disk (EndToEndIngest's
-// sync=always row), not by anything this benchmark looks at.
+// It runs under both LOCKS_NATS_SYNC settings, as EndToEndIngest does: `always`, the durable
+// default a new user gets (the server syncs every write, or every atomic batch of the bridge
+// and relays), and `2m`, nats-server's own default.
 func BenchmarkFullSpeed(b *testing.B) {
+	for _, sync := range []string{"always", "2m"} {
+		b.Run("sync="+sync, func(b *testing.B) { benchFullSpeed(b, "LOCKS_NATS_SYNC="+sync) })
+	}
+}
+
+func benchFullSpeed(b *testing.B, env ...string) {
 	dur := envDuration(b, "LOCKS_BENCH_FULL_DURATION", 60*time.Second)
 	const sensors = 10_000
 	for range b.N {
 		ctx := b.Context()
-		s := start(b, "LOCKS_LOG_LEVEL=info", "LOCKS_NATS_SYNC=2m")
+		s := start(b, append([]string{"LOCKS_LOG_LEVEL=info"}, env...)...)
 		w := warmUp(b, s.rabbit, "http://"+s.http, s.token, "full", sensors)
 		rcv, warm := w.rcv, w.books
 		b.ResetTimer()
