@@ -33,13 +33,16 @@ type claimed struct {
 // key, one attempt at a time, in revision order. A healthy receiver thus gets every
 // revision; only rows that already failed are superseded by newer ones (see supersede).
 const (
-	claimable = `d.state = 'pending' AND d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now()) AND ` + notDisabled
+	claimable = `d.state = 'pending' AND ` + dueFree
+	dueFree   = `d.next_at <= now() AND (d.lease_until IS NULL OR d.lease_until < now()) AND ` + notDisabled
 	// OFFSET 0 keeps this a per-row index probe: as an anti-join the planner would hash the
 	// whole table for every claim.
 	unblocked = `NOT EXISTS (SELECT 1 FROM notifier_deliveries o
 		WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id
 		  AND o.state = 'pending' AND (o.revision < d.revision OR o.lease_until >= now()) OFFSET 0)`
-	eligible = claimable + ` AND ` + unblocked
+	// eligibleTarget is the rest of eligible (after pendingTarget) for the target of the
+	// UPDATE that leases rows by byTID.
+	eligibleTarget = dueFree + ` AND ` + unblocked
 )
 
 // capacity says which clients can take how many attempts: busy ones none, those in free
@@ -120,11 +123,8 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		}
 		rows, err = tx.Query(ctx, `
 			WITH c AS (
-				UPDATE notifier_deliveries d SET lease_until = now() + $2 * interval '1 microsecond', lease_token = $3
-				-- id = ANY as well: with many rows the planner may then scan the pkey by the ids
-				-- (BenchmarkDeliveries +20% over the join alone).
-				FROM unnest($1::bigint[], $4::text[]) AS k(id, sensor_id)
-				WHERE d.id = ANY($1::bigint[]) AND d.id = k.id AND d.sensor_id = k.sensor_id AND `+eligible+`
+				UPDATE notifier_deliveries d SET lease_until = now() + $3 * interval '1 microsecond', lease_token = $4
+				WHERE `+byTID+` AND `+pendingTarget+` AND `+eligibleTarget+`
 				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base
 			)
 			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base,
@@ -135,7 +135,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			LEFT JOIN clients cl ON cl.id = c.client_id
 			LEFT JOIN sensors s ON s.id = c.sensor_id
 			LEFT JOIN subscriptions sub ON sub.client_id = c.client_id AND sub.sensor_id = c.sensor_id`,
-			ids, lease.Microseconds(), token, sensors)
+			ids, sensors, lease.Microseconds(), token)
 		if err != nil {
 			return err
 		}
@@ -167,11 +167,9 @@ func unlease(ctx context.Context, db DB, cs []claimed) error {
 	for i, c := range cs {
 		ids[i], tokens[i], sensors[i] = c.id, c.token, c.sensorID
 	}
-	// The sensor (the partition key) with each id: by id alone, each row is looked for in
-	// every partition.
 	_, err := db.Exec(ctx, `UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
-		FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r(id, token, sensor_id)
-		WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'`, ids, tokens, sensors)
+		FROM unnest($1::bigint[], $3::bigint[]) AS r(id, token)
+		WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget, ids, sensors, tokens)
 	if err != nil {
 		return fmt.Errorf("release leases: %w", err)
 	}

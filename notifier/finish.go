@@ -75,10 +75,10 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
 				last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
 				lease_until = NULL, lease_token = NULL, updated_at = now()
-			FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bool[], $8::bigint[], $9::text[])
-			     AS r(id, token, state, delay, status, err, counted, latency, sensor_id)
-			WHERE d.id = ANY($1::bigint[]) AND d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'
-			RETURNING d.id, d.state, d.attempts`, ids, tokens, states, delays, statuses, errs, counted, latencies, sensors)
+			FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[])
+			     AS r(id, token, state, delay, status, err, counted, latency)
+			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
+			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies)
 		hq := queueHealth(b, rs, disableAfter)
 		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
 		if err != nil {

@@ -138,7 +138,7 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 		UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		FROM l WHERE d.id = l.id AND d.sensor_id = l.sensor_id
+		FROM l WHERE ` + byTID + ` AND d.id = l.id
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	args = []any{ids, keys}
 	rows, err := tx.Query(ctx, q, args...)
