@@ -121,7 +121,12 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	q := `SELECT d.id, d.sensor_id FROM notifier_deliveries d WHERE ` + cond
 	var args []any
 	if clients != nil {
-		q += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+		// Key by key, each an index probe of its sensor's partition (the LATERAL subquery
+		// cannot be flattened): as a semi-join with the keys, planned as if pending rows
+		// were few, every pending row was read and tested for each ingested batch.
+		q = `SELECT x.id, x.sensor_id FROM (SELECT DISTINCT * FROM unnest($1::text[], $2::text[])) AS k(client_id, sensor_id),
+			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
+			         WHERE d.client_id = k.client_id AND d.sensor_id = k.sensor_id AND ` + cond + ` OFFSET 0) x`
 		args = []any{clients, sensors}
 	}
 	ids, keys, err := collectIDs(ctx, tx, q, args...)
