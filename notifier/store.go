@@ -73,7 +73,9 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 		            WHERE o.client_id = s.client_id AND o.sensor_id = e.sensor_id AND o.revision > e.revision)
 		            THEN 'superseded' ELSE 'pending' END
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::text[]) AS e(event_id, sensor_id, revision, payload, type)
-		JOIN subscriptions s ON s.sensor_id = e.sensor_id
+		-- The sensor's subscriptions by index, event by event: joined as a set, the whole
+		-- subscriptions table was read for each batch.
+		CROSS JOIN LATERAL (SELECT s.client_id, s.event_types FROM subscriptions s WHERE s.sensor_id = e.sensor_id OFFSET 0) s
 		JOIN clients cl ON cl.id = s.client_id
 		-- The event types the client and the subscription chose (empty: all).
 		WHERE (cardinality(s.event_types) = 0 OR e.type = ANY(s.event_types))
