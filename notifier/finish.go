@@ -59,7 +59,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
 		// Each row is looked up by its id and sensor (the partition key): by id alone, every
 		// partition is searched.
-		// Nested loops off for the rest of the transaction: the update joins its rows with
+		// Nested loops off for the update (JIT for the rest of the transaction): it joins its rows with
 		// the outcomes by id, and a plan kept for the statement (generic, taking the
 		// outcomes for 10 rows) compared every row with every outcome, 128,000 comparisons
 		// for 358 rows. The LATERAL probes have no other plan and keep theirs. JIT off with
@@ -85,6 +85,8 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 			     AS r(id, token, state, delay, status, err, counted, latency)
 			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
 			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies)
+		// On again for the health statements, which look clients up by key.
+		b.Queue(`SELECT set_config('enable_nestloop', 'on', true)`)
 		hq := queueHealth(b, rs, disableAfter)
 		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
 		if err != nil {
@@ -115,7 +117,7 @@ type fin struct {
 	attempts int
 }
 
-// sendFinish reads the results of finish's batch: the setting, the lock, the update, the health.
+// sendFinish reads the results of finish's batch: the settings, the lock, the update, the health.
 func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[string]string, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {
@@ -137,6 +139,9 @@ func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[s
 		return f, err
 	})
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err = br.Exec(); err != nil { // nested loops on
 		return nil, nil, err
 	}
 	disabled, err = hq.read(br)
