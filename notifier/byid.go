@@ -23,8 +23,12 @@ const byID = `unnest($1::bigint[], $2::text[]) AS k(id, sensor_id)`
 // burst into a fresh table) or with ones from before a backlog, the planner hashed every
 // pending row of every partition for each statement, so that claims and finishes grew with
 // the backlog. A TID scan is chosen whatever the statistics say. A ctid names a row only
-// within its partition, so the ids are checked too (ids are unique across partitions); a
-// row updated concurrently is followed to its newest version as by any scan (EvalPlanQual).
+// within its partition, so the ids are checked too (ids are unique across partitions).
+// A row updated by another transaction after the statement's snapshot is skipped, not
+// followed to its newest version as other scans do (EvalPlanQual re-checks the TID list,
+// which holds the old version's; seen on PostgreSQL 15.18): use it only where that is
+// harmless (a claim: the row is claimed later) or where the rows are locked by an earlier
+// statement of the transaction (finish, supersede).
 const byTID = `d.ctid = ANY(ARRAY(SELECT x.ctid FROM ` + byID + `,
 		LATERAL (SELECT t.ctid FROM notifier_deliveries t WHERE t.id = k.id AND t.sensor_id = k.sensor_id OFFSET 0) x))
 	AND d.id = ANY($1::bigint[])`

@@ -173,9 +173,11 @@ func unlease(ctx context.Context, db DB, cs []claimed) error {
 	for i, c := range cs {
 		ids[i], tokens[i], sensors[i] = c.id, c.token, c.sensorID
 	}
+	// By id and sensor (the partition key), not by TID: a TID scan would skip a row updated
+	// since its snapshot (flagged by a supersede), and its lease would then run out instead.
 	_, err := db.Exec(ctx, `UPDATE notifier_deliveries d SET lease_until = NULL, lease_token = NULL
-		FROM unnest($1::bigint[], $3::bigint[]) AS r(id, token)
-		WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget, ids, sensors, tokens)
+		FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS r(id, sensor_id, token)
+		WHERE d.id = r.id AND d.sensor_id = r.sensor_id AND d.lease_token = r.token AND d.state = 'pending'`, ids, sensors, tokens)
 	if err != nil {
 		return fmt.Errorf("release leases: %w", err)
 	}

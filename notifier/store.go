@@ -138,14 +138,19 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	// The rows are locked in id order, as finish locks its rows: updated in whatever order
 	// the scan met them, a supersede and a finish sharing two rows deadlocked under load.
 	// FOR UPDATE re-checks cond on the newest version of each row it locks, and the rows stay
-	// locked, so the UPDATE need not check it again.
-	q = `WITH l AS (SELECT x.id, x.sensor_id FROM ` + byID + `,
+	// locked, so the UPDATE need not check it again. The UPDATE is a statement of its own,
+	// after the locks: its snapshot then sees the versions locked, which byTID needs (a TID
+	// scan skips a row updated after its snapshot instead of following it).
+	ids, keys, err = collectIDs(ctx, tx, `SELECT x.id, x.sensor_id FROM `+byID+`,
 			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
-			         WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND ` + cond + ` FOR UPDATE) x)
-		UPDATE notifier_deliveries d SET
+			         WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND `+cond+` FOR UPDATE) x`, ids, keys)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	q = `UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		FROM l WHERE ` + byTID + ` AND d.id = l.id
+		WHERE ` + byTID + `
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	args = []any{ids, keys}
 	rows, err := tx.Query(ctx, q, args...)
