@@ -45,6 +45,21 @@ const (
 	eligibleTarget = dueFree + ` AND ` + unblocked
 )
 
+// rankedWindow is the claim's window: the earliest due, unblocked rows of clients not busy,
+// as many as the parameter named by limit, each numbered within its client (rn) beside the
+// number its client may take (free). The claim reads the window of its limit ($3) first: when
+// no client in it is over its number, the first $3 rows of the wide window ($4, 4×) would be
+// those very rows, and the wide one, which the claim reads only otherwise, would have tested
+// three times as many rows for nothing (OneClient: three quarters of the claim's reads).
+func rankedWindow(limit string) string {
+	return `SELECT d.id, d.client_id, d.sensor_id, d.next_at, coalesce(f.free, $2) AS free,
+		       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
+		FROM (SELECT * FROM notifier_deliveries d
+		      WHERE ` + claimable + ` AND NOT (d.client_id = ANY($1::text[])) AND ` + unblocked + `
+		      ORDER BY d.next_at, d.id LIMIT ` + limit + `) d
+		LEFT JOIN unnest($5::text[], $6::int[]) AS f(client_id, free) ON f.client_id = d.client_id`
+}
+
 // capacity says which clients can take how many attempts: busy ones none, those in free
 // the given number, every other one perClient.
 type capacity struct {
@@ -89,14 +104,13 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		b := &pgx.Batch{}
 		b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true)`)
 		b.Queue(`
+			WITH narrow AS MATERIALIZED (`+rankedWindow("$3")+`),
+			     wide AS MATERIALIZED (`+rankedWindow("$4")+`)
 			SELECT id, sensor_id FROM (
 				SELECT id, client_id, sensor_id FROM (
-					SELECT d.id, d.client_id, d.sensor_id, d.revision, d.next_at, coalesce(f.free, $2) AS free,
-					       row_number() OVER (PARTITION BY d.client_id ORDER BY d.next_at, d.id) AS rn
-					FROM (SELECT * FROM notifier_deliveries d
-					      WHERE `+claimable+` AND NOT (d.client_id = ANY($1::text[])) AND `+unblocked+`
-					      ORDER BY d.next_at, d.id LIMIT $4) d
-					LEFT JOIN unnest($5::text[], $6::int[]) AS f(client_id, free) ON f.client_id = d.client_id
+					SELECT * FROM narrow WHERE NOT EXISTS (SELECT 1 FROM narrow WHERE rn > free)
+					UNION ALL
+					SELECT * FROM wide WHERE EXISTS (SELECT 1 FROM narrow WHERE rn > free)
 				) d
 				WHERE rn <= free
 				ORDER BY next_at, id LIMIT $3
