@@ -72,7 +72,8 @@ type capacity struct {
 // claim leases up to limit eligible rows, within each client's capacity, earliest due
 // first. It looks at the window of the earliest 4×limit due and unblocked rows only (rows
 // waiting for a lower revision of their key are skipped while the window fills), so that a
-// large backlog does not make every claim scan it. It is two statements in one transaction: the
+// large backlog does not make every claim scan it, and at the first limit of them only when
+// no client there is over its number (rankedWindow). It is two statements in one transaction: the
 // first picks candidates and takes a transaction-scoped advisory lock per (client, sensor)
 // (pg_try_advisory_xact_lock: a key another claimer holds is skipped, not waited for — the
 // SKIP LOCKED of keys); the second leases them, re-checking eligibility with a snapshot
