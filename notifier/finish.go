@@ -64,8 +64,10 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		// outcomes for 10 rows) compared every row with every outcome, 128,000 comparisons
 		// for 358 rows. The LATERAL probes have no other plan and keep theirs. JIT off with
 		// it: the probes' plans then cost more than jit_above_cost, and compiling one took 2 s.
+		// Generic plans, as in claim.
 		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)`)
+		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),
+			set_config('plan_cache_mode', 'force_generic_plan', true)`)
 		b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
 			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, ids, sensors)
 		b.Queue(`
