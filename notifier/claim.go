@@ -102,9 +102,11 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		// before a backlog), the planner tested every pending row and sorted them instead, so
 		// that each claim grew with the backlog (a 10,000-row backlog: 38,600 buffers per
 		// claim against 10,100). The sorts above the window have no alternative and stay.
-		// Generic plans: these statements' shapes no longer depend on the table's contents,
-		// and planning them afresh for each claim (the planner's choice for them) doubled
-		// the p50 of BenchmarkLatency (22 -> 45 ms at 1,000 events/s).
+		// Generic plans: the statements' shapes no longer depend on the table's contents,
+		// and planning them afresh for each claim, which the planner chose, doubled
+		// BenchmarkLatency's p50 at 1,000 events/s (22 -> 45 ms). Sequential scans off for
+		// the UPDATE: its generic plan, made once per connection and kept, scanned whole the
+		// partitions that were nearly empty when it was made (seen), instead of by TID.
 		b := &pgx.Batch{}
 		b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true),
 			set_config('plan_cache_mode', 'force_generic_plan', true)`)
@@ -122,6 +124,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			) x
 			WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
 			busy, c.perClient, limit, 4*limit, fc, fr)
+		b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
 		br := tx.SendBatch(ctx, b)
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
@@ -140,6 +143,9 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			ids, sensors = append(ids, id), append(sensors, sensor)
 			return nil
 		})
+		if err == nil {
+			_, err = br.Exec() // plan_cache_mode back
+		}
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}

@@ -64,10 +64,10 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		// outcomes for 10 rows) compared every row with every outcome, 128,000 comparisons
 		// for 358 rows. The LATERAL probes have no other plan and keep theirs. JIT off with
 		// it: the probes' plans then cost more than jit_above_cost, and compiling one took 2 s.
-		// Generic plans, as in claim.
+		// Generic plans and no sequential scans for the lock and the update, as in claim.
 		b := &pgx.Batch{}
 		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),
-			set_config('plan_cache_mode', 'force_generic_plan', true)`)
+			set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
 		b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
 			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, ids, sensors)
 		b.Queue(`
@@ -87,8 +87,9 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 			     AS r(id, token, state, delay, status, err, counted, latency)
 			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
 			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies)
-		// On again for the health statements, which look clients up by key.
-		b.Queue(`SELECT set_config('enable_nestloop', 'on', true)`)
+		// The planner's own choices again for the health statements.
+		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
+			set_config('enable_seqscan', 'on', true)`)
 		hq := queueHealth(b, rs, disableAfter)
 		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
 		if err != nil {
