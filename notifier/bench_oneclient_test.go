@@ -1,15 +1,19 @@
 package notifier
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,7 +34,10 @@ import (
 // revisions in order). In the same run, "baseline" is a bare HTTP client posting the same
 // signed bodies to the same receiver with the endpoint's largest concurrency, as fast as it
 // can; pg_round_trips/webhook counts the notifier's Postgres statements (BEGIN and COMMIT
-// included) per delivery, through a tracer on its pool.
+// included) per delivery, through a tracer on its pool. pg_cpu_us/webhook is the CPU time of
+// the test database's backends per delivery (from /proc: a local Postgres on Linux) and
+// go_cpu_us/webhook that of this process (notifier, receiver, embedded NATS): on a machine
+// shared with other work they vary far less than webhooks/s.
 func BenchmarkOneClient(b *testing.B) {
 	const sensors, revisions = 2000, 5
 	e := newEnv(b, time.Second)
@@ -52,6 +59,7 @@ func BenchmarkOneClient(b *testing.B) {
 		var rev int64
 		total, el := 0, time.Duration(0)
 		trips0 := trips.Load()
+		cpu0, ru0 := backendCPU(b, e.pool), processCPU()
 		for i := 0; i < b.N; i++ {
 			evs := make([]event.Event, 0, sensors*revisions)
 			for r := 0; r < revisions; r++ {
@@ -70,6 +78,14 @@ func BenchmarkOneClient(b *testing.B) {
 		}
 		b.ReportMetric(float64(total)/el.Seconds(), "webhooks/s")
 		b.ReportMetric(float64(trips.Load()-trips0)/float64(total), "pg_round_trips/webhook")
+		if cpu1 := backendCPU(b, e.pool); cpu0 != nil && cpu1 != nil {
+			var sum time.Duration
+			for pid, t := range cpu1 {
+				sum += t - cpu0[pid]
+			}
+			b.ReportMetric(float64(sum.Microseconds())/float64(total), "pg_cpu_us/webhook")
+		}
+		b.ReportMetric(float64((processCPU()-ru0).Microseconds())/float64(total), "go_cpu_us/webhook")
 		tc.log(b)
 		// Whether the adaptive limit held up under the machine's load (issue 17 suspected not).
 		n.ep.mu.Lock()
@@ -357,4 +373,46 @@ func attemptLatency(b testing.TB, e *env) string {
 		}
 	}
 	return "none"
+}
+
+// backendCPU is the CPU time used so far by each backend connected to pool's database, by
+// pid, from /proc; nil where that cannot be read (not Linux, or Postgres elsewhere).
+func backendCPU(b testing.TB, pool *pgxpool.Pool) map[int32]time.Duration {
+	rows, err := pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[int32]time.Duration{}
+	for _, pid := range pids {
+		d, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil
+		}
+		// Fields after the command, which ends with the last ')': utime and stime are the
+		// 12th and 13th, in clock ticks (100 a second on Linux).
+		f := strings.Fields(string(d[bytes.LastIndexByte(d, ')')+1:]))
+		if len(f) < 13 {
+			return nil
+		}
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		s, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil
+		}
+		out[pid] = time.Duration(u+s) * 10 * time.Millisecond
+	}
+	return out
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -73,7 +73,9 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 		            WHERE o.client_id = s.client_id AND o.sensor_id = e.sensor_id AND o.revision > e.revision)
 		            THEN 'superseded' ELSE 'pending' END
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::text[]) AS e(event_id, sensor_id, revision, payload, type)
-		JOIN subscriptions s ON s.sensor_id = e.sensor_id
+		-- The sensor's subscriptions by index, event by event: joined as a set, the whole
+		-- subscriptions table was read for each batch.
+		CROSS JOIN LATERAL (SELECT s.client_id, s.event_types FROM subscriptions s WHERE s.sensor_id = e.sensor_id OFFSET 0) s
 		JOIN clients cl ON cl.id = s.client_id
 		-- The event types the client and the subscription chose (empty: all).
 		WHERE (cardinality(s.event_types) = 0 OR e.type = ANY(s.event_types))
@@ -121,7 +123,12 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	q := `SELECT d.id, d.sensor_id FROM notifier_deliveries d WHERE ` + cond
 	var args []any
 	if clients != nil {
-		q += ` AND (d.client_id, d.sensor_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+		// Key by key, each an index probe of its sensor's partition (the LATERAL subquery
+		// cannot be flattened): as a semi-join with the keys, planned as if pending rows
+		// were few, every pending row was read and tested for each ingested batch.
+		q = `SELECT x.id, x.sensor_id FROM (SELECT DISTINCT * FROM unnest($1::text[], $2::text[])) AS k(client_id, sensor_id),
+			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
+			         WHERE d.client_id = k.client_id AND d.sensor_id = k.sensor_id AND ` + cond + ` OFFSET 0) x`
 		args = []any{clients, sensors}
 	}
 	ids, keys, err := collectIDs(ctx, tx, q, args...)
@@ -131,14 +138,19 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 	// The rows are locked in id order, as finish locks its rows: updated in whatever order
 	// the scan met them, a supersede and a finish sharing two rows deadlocked under load.
 	// FOR UPDATE re-checks cond on the newest version of each row it locks, and the rows stay
-	// locked, so the UPDATE need not check it again.
-	q = `WITH l AS (SELECT x.id, x.sensor_id FROM ` + byID + `,
+	// locked, so the UPDATE need not check it again. The UPDATE is a statement of its own,
+	// after the locks: its snapshot then sees the versions locked, which byTID needs (a TID
+	// scan skips a row updated after its snapshot instead of following it).
+	ids, keys, err = collectIDs(ctx, tx, `SELECT x.id, x.sensor_id FROM `+byID+`,
 			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
-			         WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND ` + cond + ` FOR UPDATE) x)
-		UPDATE notifier_deliveries d SET
+			         WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND `+cond+` FOR UPDATE) x`, ids, keys)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	q = `UPDATE notifier_deliveries d SET
 			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		FROM l WHERE d.id = l.id AND d.sensor_id = l.sensor_id
+		WHERE ` + byTID + `
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
 	args = []any{ids, keys}
 	rows, err := tx.Query(ctx, q, args...)
