@@ -78,8 +78,14 @@ type env struct {
 
 func newEnv(t testing.TB, amqpURL string) *env {
 	t.Helper()
+	return newEnvAppending(t, amqpURL, atomicBatches)
+}
+
+// newEnvAppending is newEnv with READINGS allowing atomic batches or not.
+func newEnvAppending(t testing.TB, amqpURL string, atomic bool) *env {
+	t.Helper()
 	ne := testenv.NATS(t)
-	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4, AtomicPublish: atomicBatches}); err != nil {
+	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: 4, AtomicPublish: atomic}); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{nats: ne, js: testenv.JetStream(t, ne.URL, "bridge-test"), amqp: amqpURL}
