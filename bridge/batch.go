@@ -2,17 +2,15 @@ package bridge
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/synadia-io/orbit.go/jetstreamext"
-)
 
-// maxBatch is the most readings one atomic batch carries (nats-server's limit is 1,000).
-const maxBatch = 256
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+)
 
 // appendFuture is an append's outcome: jetstream.PubAckFuture, or a batched append's.
 type appendFuture interface {
@@ -33,16 +31,15 @@ func (p *batched) Err() <-chan error            { return p.err }
 // batcher appends readings to READINGS in atomic batches when the stream allows them
 // (natsx.StreamsConfig.AtomicPublish). A server that syncs every write (the embedded one's
 // default) then syncs once per batch instead of once per reading: on the 2-core test
-// machine, 2,000–2,400 single appends/s against 13,000–37,000 in batches of 256
-// (BenchmarkBareJetStreamSyncAlways, run with other load). A batch is whatever
-// readings wait when the previous one is committed, up to maxBatch, so nothing waits for a
+// machine, 7,147 single appends/s against 67,571 in batches of 256 (the full run of
+// 2026-11-23 22:50, BenchmarkBareJetStreamSyncAlways). A batch is whatever
+// readings wait when the previous one is committed, up to natsx.MaxAtomicBatch, so nothing waits for a
 // batch to fill: a quiet bridge sends batches of one.
 //
 // A batch is stored whole or not at all. One that fails (a Nats-Msg-Id already in the
 // stream fails the whole batch, as does a timeout or a NATS restart) fails each of its
 // readings' futures, and the acker retries each alone with its own Nats-Msg-Id (republish),
 // exactly as after a failed single append: the de-duplication then applies per reading.
-// The messages sent carry batch headers on copies; the item keeps its message as it was.
 type batcher struct {
 	js      jetstream.JetStream
 	in      chan *batched
@@ -53,7 +50,7 @@ type batcher struct {
 }
 
 func newBatcher(ctx context.Context, js jetstream.JetStream, m *metrics, timeout time.Duration) *batcher {
-	return &batcher{js: js, in: make(chan *batched, maxBatch), m: m, timeout: timeout, ctx: ctx}
+	return &batcher{js: js, in: make(chan *batched, natsx.MaxAtomicBatch), m: m, timeout: timeout, ctx: ctx}
 }
 
 // add queues msg for the next batch; it blocks while a full batch waits to be sent.
@@ -69,7 +66,7 @@ func (bt *batcher) add(msg *nats.Msg) (appendFuture, error) {
 
 // run sends batches until ctx is done; readings still queued then get ctx's error.
 func (bt *batcher) run() {
-	batch := make([]*batched, 0, maxBatch)
+	batch := make([]*batched, 0, natsx.MaxAtomicBatch)
 	for {
 		select {
 		case p := <-bt.in:
@@ -85,7 +82,7 @@ func (bt *batcher) run() {
 			}
 		}
 	more:
-		for len(batch) < maxBatch {
+		for len(batch) < natsx.MaxAtomicBatch {
 			select {
 			case p := <-bt.in:
 				batch = append(batch, p)
@@ -97,18 +94,14 @@ func (bt *batcher) run() {
 	}
 }
 
-// commit sends one atomic batch and resolves its readings' futures.
+// commit sends one atomic batch and resolves its readings' futures. The messages sent are
+// copies: the batch headers go on them, the items keep theirs for a retry alone.
 func (bt *batcher) commit(batch []*batched) {
-	ctx, cancel := context.WithTimeout(bt.ctx, bt.timeout)
-	defer cancel()
 	msgs := make([]*nats.Msg, len(batch))
 	for i, p := range batch {
-		msgs[i] = &nats.Msg{Subject: p.msg.Subject, Data: p.msg.Data, Header: cloneHeader(p.msg.Header)}
+		msgs[i] = &nats.Msg{Subject: p.msg.Subject, Data: p.msg.Data, Header: maps.Clone(p.msg.Header)}
 	}
-	ack, err := jetstreamext.PublishMsgBatch(ctx, bt.js, msgs)
-	if err == nil && (ack == nil || ack.BatchSize != uint64(len(batch)) || ack.Sequence < uint64(len(batch))) {
-		err = errors.New("atomic batch: unexpected acknowledgement")
-	}
+	ack, err := natsx.PublishAtomic(bt.ctx, bt.js, msgs, bt.timeout)
 	if err != nil {
 		bt.m.batchFailures.Inc()
 		for _, p := range batch {
@@ -117,17 +110,8 @@ func (bt *batcher) commit(batch []*batched) {
 		return
 	}
 	bt.m.batches.Inc()
-	// A batch is stored as one run of sequences, in order, ending at ack.Sequence.
 	first := ack.Sequence - uint64(len(batch)) + 1
 	for i, p := range batch {
 		p.ok <- &jetstream.PubAck{Stream: ack.Stream, Sequence: first + uint64(i), Domain: ack.Domain}
 	}
-}
-
-func cloneHeader(h nats.Header) nats.Header {
-	out := make(nats.Header, len(h)+3)
-	for k, v := range h {
-		out[k] = append([]string(nil), v...)
-	}
-	return out
 }

@@ -160,11 +160,11 @@ read:
 // them, each alone otherwise. The batcher lives until dctx ends (the session's end, or its
 // drain's).
 func (b *Bridge) appender(ctx, dctx context.Context) (appender, error) {
-	s, err := b.js.Stream(ctx, natsx.ReadingsStream)
+	atomic, err := natsx.AllowsAtomic(ctx, b.js, natsx.ReadingsStream)
 	if err != nil {
 		return nil, fmt.Errorf("look up stream %s: %w", natsx.ReadingsStream, err)
 	}
-	if !s.CachedInfo().Config.AllowAtomicPublish {
+	if !atomic {
 		return func(msg *nats.Msg) (appendFuture, error) { return b.js.PublishMsgAsync(msg) }, nil
 	}
 	bt := newBatcher(dctx, b.js, &b.m, b.cfg.PublishTimeout)

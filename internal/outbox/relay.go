@@ -25,9 +25,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
@@ -278,25 +278,19 @@ func (r *Relay) publish(ctx context.Context, rows []Row) ([]Row, error) {
 	return acked, nil
 }
 
-// maxBatch is the most rows one atomic batch carries (nats-server's limit is 1,000).
-const maxBatch = 256
-
 // publishBatches sends wave in atomic batches, appending the rows acknowledged to acked, and
 // returns the rows still to send: those of the first batch that failed (a Nats-Msg-Id
 // already in the stream fails its whole batch: a row published again after a crash) and
 // every one after it, for publishEach, whose single publishes JetStream de-duplicates one
-// by one. A server that syncs every write syncs a batch once (bridge/batch.go).
+// by one.
 func (r *Relay) publishBatches(ctx context.Context, wave []Row, acked *[]Row) []Row {
 	for len(wave) > 0 {
-		n := min(len(wave), maxBatch)
+		n := min(len(wave), natsx.MaxAtomicBatch)
 		msgs := make([]*nats.Msg, n)
 		for i, o := range wave[:n] {
 			msgs[i] = &nats.Msg{Subject: o.Subject, Data: o.Data, Header: nats.Header{jetstream.MsgIDHeader: []string{o.MsgID}}}
 		}
-		bctx, cancel := context.WithTimeout(ctx, r.cfg.AckTimeout)
-		ack, err := jetstreamext.PublishMsgBatch(bctx, r.js, msgs)
-		cancel()
-		if err != nil || ack == nil || ack.BatchSize != uint64(n) {
+		if _, err := natsx.PublishAtomic(ctx, r.js, msgs, r.cfg.AckTimeout); err != nil {
 			r.batchFailures.Inc()
 			return wave
 		}
@@ -339,8 +333,8 @@ func (r *Relay) publishEach(ctx context.Context, wave []Row, acked *[]Row) error
 	return errors.Join(errs...)
 }
 
-// atomic says whether the stream of subject allows atomic batches (natsx.StreamsConfig.
-// AtomicPublish), looked up once; a failed look-up says no and is tried again next time.
+// atomic says whether the stream of subject allows atomic batches, looked up once; a failed
+// look-up says no and is tried again next time.
 func (r *Relay) atomic(ctx context.Context, subject string) bool {
 	if v := r.allowsAtomic.Load(); v != nil {
 		return *v
@@ -349,11 +343,10 @@ func (r *Relay) atomic(ctx context.Context, subject string) bool {
 	if err != nil {
 		return false
 	}
-	s, err := r.js.Stream(ctx, name)
+	v, err := natsx.AllowsAtomic(ctx, r.js, name)
 	if err != nil {
 		return false
 	}
-	v := s.CachedInfo().Config.AllowAtomicPublish
 	r.allowsAtomic.Store(&v)
 	return v
 }
