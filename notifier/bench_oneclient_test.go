@@ -1,15 +1,12 @@
 package notifier
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -388,22 +385,11 @@ func backendCPU(b testing.TB, pool *pgxpool.Pool) map[int32]time.Duration {
 	}
 	out := map[int32]time.Duration{}
 	for _, pid := range pids {
-		d, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
+		sec, ok := testenv.ProcCPU(int(pid))
+		if !ok {
 			return nil
 		}
-		// Fields after the command, which ends with the last ')': utime and stime are the
-		// 12th and 13th, in clock ticks (100 a second on Linux).
-		f := strings.Fields(string(d[bytes.LastIndexByte(d, ')')+1:]))
-		if len(f) < 13 {
-			return nil
-		}
-		u, err1 := strconv.ParseInt(f[11], 10, 64)
-		s, err2 := strconv.ParseInt(f[12], 10, 64)
-		if err1 != nil || err2 != nil {
-			return nil
-		}
-		out[pid] = time.Duration(u+s) * 10 * time.Millisecond
+		out[pid] = time.Duration(sec * float64(time.Second))
 	}
 	return out
 }

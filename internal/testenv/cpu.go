@@ -77,6 +77,13 @@ type Component struct {
 	CPU  func() float64
 }
 
+// ProcCPU is the CPU seconds (user and system) process pid has used so far; false when
+// /proc cannot tell (the process is gone, or not on this machine).
+func ProcCPU(pid int) (float64, bool) {
+	st, ok := readStat(pid)
+	return st.cpu, ok
+}
+
 // PidCPU reads the CPU seconds of one process (and of its waited-for children).
 func PidCPU(pid int) func() float64 {
 	return func() float64 {
