@@ -23,6 +23,11 @@ func (s *system) metric(name string) float64 {
 	return m[name]
 }
 
+// components are the `locks run` process (locks-process-cpu-µs/reading, also reported as cpu-µs/reading) and the servers.
+func (s *system) components() []testenv.Component {
+	return append([]testenv.Component{{Name: "locks-process", CPU: testenv.PidCPU(s.pid)}}, testenv.Servers()...)
+}
+
 // BenchmarkEndToEndIngest: the whole system (`locks run --targets=all`, one process, embedded
 // NATS) takes readings from the load generator publishing into RabbitMQ as fast as it can
 // under confirms, for LOCKS_BENCH_E2E_DURATION (default 60 s), all on this machine. Reported:
@@ -30,19 +35,14 @@ func (s *system) metric(name string) float64 {
 // (publish start → last reading committed), their ratio, and the lag from publish to the
 // state projection (sampled every 250 ms as now − the newest committed reading's ts).
 //
-// Also reported: the CPU the process spent per reading (process_cpu_seconds_total over the
-// run, divided by the readings), split between locks' own code and the embedded NATS server
+// Also reported: the CPU the process spent per reading (from /proc over the run, divided by
+// the readings: cpu-µs/reading), split between locks' own code and the embedded NATS server
 // by a CPU profile of the publishing phase (natsShare), the state projector's mean batch, and
 // the waits for a connection of the Postgres pool the parts share.
 //
 // It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
 // one run, so that the cost of fsync on every write is measured on the same machine and load:
 // sync=2m is nats-server's default, sync=always what the README's "Durability" chooses.
-// components are the `locks run` process (its CPU is also cpu-µs/reading) and the servers.
-func (s *system) components() []testenv.Component {
-	return append([]testenv.Component{{Name: "locks-process", CPU: testenv.PidCPU(s.pid)}}, testenv.Servers()...)
-}
-
 func BenchmarkEndToEndIngest(b *testing.B) {
 	dur := 60 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_E2E_DURATION")); err == nil {
@@ -68,7 +68,6 @@ func benchIngest(b *testing.B, dur time.Duration, rate int, env ...string) {
 		}
 		defer pool.Close()
 		b.ResetTimer()
-		cpu0 := s.metric("process_cpu_seconds_total")
 		batches0 := s.metric("locks_state_batch_size_count")
 		waits0, waited0 := s.metric("locks_postgres_pool_empty_acquires_total"), s.metric("locks_postgres_pool_empty_wait_seconds_total")
 		prof := s.cpuProfile(b.Context(), dur)
@@ -113,10 +112,10 @@ func benchIngest(b *testing.B, dur time.Duration, rate int, env ...string) {
 			time.Sleep(250 * time.Millisecond)
 		}
 		committed := time.Since(r.books.Start)
-		cpu := s.metric("process_cpu_seconds_total") - cpu0
 		batches := s.metric("locks_state_batch_size_count") - batches0
 		waits, waited := s.metric("locks_postgres_pool_empty_acquires_total")-waits0, s.metric("locks_postgres_pool_empty_wait_seconds_total")-waited0
 		use := machine.Stop()
+		cpu := use[0].Seconds // locks-process
 		b.StopTimer()
 		p, err := prof()
 		if err != nil {
