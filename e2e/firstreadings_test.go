@@ -24,14 +24,7 @@ func BenchmarkFirstReadings(b *testing.B) {
 			for range b.N {
 				ctx := b.Context()
 				s := start(b, "LOCKS_LOG_LEVEL=info", "LOCKS_NATS_SYNC="+sync)
-				rcv, err := loadgen.NewReceiver("127.0.0.1:0")
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { rcv.Close() })
-				if err := rcv.Register(ctx, "http://"+s.http, s.token, "first", sensors); err != nil {
-					b.Fatal(err)
-				}
+				rcv := registered(b, "http://"+s.http, s.token, "first", sensors)
 				b.ResetTimer()
 				machine := testenv.StartCPU(s.components())
 				books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: s.rabbit.URL, Queue: s.rabbit.Queue, Sensors: sensors,

@@ -281,14 +281,7 @@ type warmed struct {
 func warmUp(b *testing.B, rabbit *testenv.RabbitEnv, apiURL, token, prefix string, sensors int) warmed {
 	b.Helper()
 	ctx := b.Context()
-	rcv, err := loadgen.NewReceiver("127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { rcv.Close() })
-	if err := rcv.Register(ctx, apiURL, token, prefix, sensors); err != nil {
-		b.Fatal(err)
-	}
+	rcv := registered(b, apiURL, token, prefix, sensors)
 	books, err := loadgen.Run(ctx, loadgen.Config{AMQPURL: rabbit.URL, Queue: rabbit.Queue, Sensors: sensors,
 		Rate: 2000, Count: int64(sensors), Prefix: prefix, Seed: 2}, nil, testenv.Logger(b))
 	if err != nil {
@@ -299,4 +292,19 @@ func warmUp(b *testing.B, rabbit *testenv.RabbitEnv, apiURL, token, prefix strin
 	})
 	_, lat := rcv.Latencies(0)
 	return warmed{rcv: rcv, books: books, latencies: lat, received: rcv.Tally().Received}
+}
+
+// registered is a webhook receiver of its own, with sensors <prefix><n> and one client for it
+// registered through the REST API at apiURL.
+func registered(b *testing.B, apiURL, token, prefix string, sensors int) *loadgen.Receiver {
+	b.Helper()
+	rcv, err := loadgen.NewReceiver("127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rcv.Close() })
+	if err := rcv.Register(b.Context(), apiURL, token, prefix, sensors); err != nil {
+		b.Fatal(err)
+	}
+	return rcv
 }
