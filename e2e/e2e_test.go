@@ -53,11 +53,15 @@ func TestMain(m *testing.M) {
 type system struct {
 	t      testing.TB
 	pgURL  string
+	chDB   string
 	http   string
 	token  string
 	rabbit *testenv.RabbitEnv
 	log    *syncBuffer
 	pid    int // of the `locks run` process
+	env    []string
+	proc   *os.Process
+	exited chan struct{} // closed when proc has exited
 }
 
 // syncBuffer collects a process's output.
@@ -67,10 +71,9 @@ func start(t testing.TB, extraEnv ...string) *system {
 	t.Helper()
 	chDB := testenv.Name("locks_e2e")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	s := &system{t: t, pgURL: testenv.PostgresURL(t), http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
+	s := &system{t: t, pgURL: testenv.PostgresURL(t), chDB: chDB, http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
 		rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
-	cmd := exec.Command(locksBin, "run", "--targets=all")
-	cmd.Env = append(os.Environ(),
+	s.env = append(os.Environ(),
 		"LOCKS_POSTGRES_URL="+s.pgURL,
 		"LOCKS_CLICKHOUSE_URL=clickhouse://"+testenv.ClickHouseAddr()+"/"+chDB,
 		"LOCKS_AMQP_URL="+s.rabbit.URL,
@@ -84,29 +87,47 @@ func start(t testing.TB, extraEnv ...string) *system {
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true",
 		"LOCKS_LOG_LEVEL=debug",
 	)
-	cmd.Env = append(cmd.Env, extraEnv...)
-	cmd.Stderr = s.log
-	cmd.Stdout = s.log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.pid = cmd.Process.Pid
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	s.env = append(s.env, extraEnv...)
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = s.proc.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-s.exited:
 		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = s.proc.Kill()
 			t.Errorf("locks did not stop within 20 s of SIGTERM")
 		}
 		if t.Failed() {
 			t.Logf("locks log:\n%s", s.log.String())
 		}
 	})
-	waitReady(t, "locks", s.http, done, s.log)
+	s.launch()
 	return s
+}
+
+// launch starts `locks run --targets=all` on the system's databases, queue and data
+// directory, and waits until it is ready.
+func (s *system) launch() {
+	s.t.Helper()
+	cmd := exec.Command(locksBin, "run", "--targets=all")
+	cmd.Env = s.env
+	cmd.Stderr = s.log
+	cmd.Stdout = s.log
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.proc, s.pid, s.exited = cmd.Process, cmd.Process.Pid, exited
+	waitReady(s.t, "locks", s.http, exited, s.log)
+}
+
+// kill stops the process with SIGKILL, at whatever it is doing, and waits until it is gone.
+func (s *system) kill() {
+	s.t.Helper()
+	if err := s.proc.Kill(); err != nil {
+		s.t.Fatal(err)
+	}
+	<-s.exited
 }
 
 // waitReady waits up to 60 s for /readyz at addr to answer 200, failing at once if the
@@ -180,9 +201,7 @@ func (s *system) publish(msgs ...string) {
 	}
 }
 
-// reading is a sensor's message as sensors send it: with the time it measured, so that two
-// readings of the same value are two readings (without ts or message_id, identical bodies
-// within the de-duplication window are one reading; see README).
+// reading is a sensor's message as sensors send it, with the time it measured.
 func reading(id string, data int) string {
 	return fmt.Sprintf(`{"sensor_id":%q,"data":%d,"ts":%q}`, id, data, time.Now().UTC().Format(time.RFC3339Nano))
 }
