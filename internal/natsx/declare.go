@@ -34,8 +34,14 @@ type StreamsConfig struct {
 	// AtomicPublish lets READINGS, EVENTS and DELIVERIES take atomic batches (nats-server
 	// 2.12+), which the bridge and the outbox relays then publish in: a server that syncs
 	// every write syncs a batch once (see bridge/batch.go). An existing stream that allows
-	// them keeps allowing them.
+	// them keeps allowing them, unless AtomicPublishExact.
 	AtomicPublish bool
+	// AtomicPublishExact sets AtomicPublish on the three streams either way, taking it away
+	// too: for the embedded server, whose syncing (LOCKS_NATS_SYNC) is this process's own, so
+	// that a store first run with "always" and later with "2m" stops batching, which only
+	// pays where every write is synced. An external server's operator may have allowed
+	// batches: there, without it, they stay allowed.
+	AtomicPublishExact bool
 }
 
 // LeaseTTLDefault is StreamsConfig.LeaseTTL's default.
@@ -156,7 +162,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 		c.LeaseTTL = LeaseTTLDefault
 	}
 	for _, want := range []jetstream.StreamConfig{readingsConfig(c), eventsConfig(c), deliveriesConfig(c), setAsideConfig(c), logsConfig(c)} {
-		err := declareStream(ctx, js, want, func(ctx context.Context) error {
+		err := declareStream(ctx, js, want, c.AtomicPublishExact, func(ctx context.Context) error {
 			_, err := js.CreateStream(ctx, want)
 			return err
 		})
@@ -169,7 +175,7 @@ func Declare(ctx context.Context, js jetstream.JetStream, c StreamsConfig) error
 		kvs = append(kvs, LeasesConfig(c, part))
 	}
 	for _, kv := range kvs {
-		err := declareStream(ctx, js, bucketStream(kv), func(ctx context.Context) error {
+		err := declareStream(ctx, js, bucketStream(kv), false, func(ctx context.Context) error {
 			_, err := js.CreateKeyValue(ctx, kv)
 			return err
 		})
@@ -197,8 +203,9 @@ func bucketStream(kv jetstream.KeyValueConfig) jetstream.StreamConfig {
 }
 
 // declareStream creates want's stream with create when it is missing, and otherwise updates
-// it only if reconcile adds something, so that a start leaves an operator's stream untouched.
-func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, create func(context.Context) error) error {
+// it only if reconcile adds something, so that a start leaves an operator's stream untouched;
+// exactAtomic: see StreamsConfig.AtomicPublishExact.
+func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, exactAtomic bool, create func(context.Context) error) error {
 	s, err := js.Stream(ctx, want.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -211,6 +218,9 @@ func declareStream(ctx context.Context, js jetstream.JetStream, want jetstream.S
 	}
 	have := s.CachedInfo().Config
 	next, err := reconcile(have, want)
+	if exactAtomic {
+		next.AllowAtomicPublish = want.AllowAtomicPublish
+	}
 	if err != nil {
 		return err
 	}

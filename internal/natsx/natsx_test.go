@@ -103,3 +103,42 @@ func TestLivenessKeySubject(t *testing.T) {
 		t.Fatalf("key 3.door0 at %s: %v, %v; want the value put", natsx.LivenessKeySubject("3.door0"), m, err)
 	}
 }
+
+// A stream's atomic batches follow AtomicPublish exactly when AtomicPublishExact (the
+// embedded server, switched from LOCKS_NATS_SYNC=always to an interval and back), and are
+// only ever added otherwise (an external server, where an operator may have allowed them).
+func TestDeclareAtomicPublishExactOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	env := testenv.NATS(t)
+	ctx := t.Context()
+	check := func(step string, want bool) {
+		t.Helper()
+		for _, name := range []string{natsx.ReadingsStream, natsx.EventsStream, natsx.DeliveriesStream} {
+			got, err := natsx.AllowsAtomic(ctx, env.JS, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Errorf("%s: %s allows atomic batches: %v, want %v", step, name, got, want)
+			}
+		}
+	}
+	c := natsx.StreamsConfig{Partitions: 4, LostAfter: time.Hour, AtomicPublish: true}
+	steps := []struct {
+		name          string
+		atomic, exact bool
+		want          bool
+	}{
+		{"created with them", true, false, true},
+		{"declared without them, not exact", false, false, true},
+		{"declared without them, exact", false, true, false},
+		{"declared with them, exact", true, true, true},
+	}
+	for _, st := range steps {
+		c.AtomicPublish, c.AtomicPublishExact = st.atomic, st.exact
+		if err := natsx.Declare(ctx, env.JS, c); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		check(st.name, st.want)
+	}
+}
