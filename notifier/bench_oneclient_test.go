@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,7 +55,7 @@ func BenchmarkOneClient(b *testing.B) {
 		var rev int64
 		total, el := 0, time.Duration(0)
 		trips0 := trips.Load()
-		cpu0, ru0 := backendCPU(b, e.pool), processCPU()
+		cpu0, ru0 := backendCPU(b, e.pool), testenv.SelfCPU()
 		for i := 0; i < b.N; i++ {
 			evs := make([]event.Event, 0, sensors*revisions)
 			for r := 0; r < revisions; r++ {
@@ -82,7 +81,7 @@ func BenchmarkOneClient(b *testing.B) {
 			}
 			b.ReportMetric(float64(sum.Microseconds())/float64(total), "pg_cpu_us/webhook")
 		}
-		b.ReportMetric(float64((processCPU()-ru0).Microseconds())/float64(total), "go_cpu_us/webhook")
+		b.ReportMetric(float64((testenv.SelfCPU()-ru0).Microseconds())/float64(total), "go_cpu_us/webhook")
 		tc.log(b)
 		// Whether the adaptive limit held up under the machine's load (issue 17 suspected not).
 		n.ep.mu.Lock()
@@ -392,13 +391,4 @@ func backendCPU(b testing.TB, pool *pgxpool.Pool) map[int32]time.Duration {
 		out[pid] = time.Duration(sec * float64(time.Second))
 	}
 	return out
-}
-
-// processCPU is the CPU time (user and system) this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

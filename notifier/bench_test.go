@@ -35,7 +35,7 @@ func BenchmarkDeliveries(b *testing.B) {
 	e.cfg.WebhookTimeout = 5 * time.Second
 	e.start()
 	b.ResetTimer()
-	cpu0, ru0 := backendCPU(b, e.pool), processCPU()
+	cpu0, ru0 := backendCPU(b, e.pool), testenv.SelfCPU()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		evs := make([]event.Event, 0, sensors)
@@ -57,7 +57,7 @@ func BenchmarkDeliveries(b *testing.B) {
 		}
 		b.ReportMetric(float64(sum.Microseconds())/float64(got.Load()), "pg_cpu_us/delivery")
 	}
-	b.ReportMetric(float64((processCPU()-ru0).Microseconds())/float64(got.Load()), "go_cpu_us/delivery")
+	b.ReportMetric(float64((testenv.SelfCPU()-ru0).Microseconds())/float64(got.Load()), "go_cpu_us/delivery")
 	var ingest, done float64
 	if err := e.pool.QueryRow(b.Context(), `SELECT extract(epoch FROM max(created_at) - min(created_at)),
 		extract(epoch FROM max(updated_at) - min(created_at)) FROM notifier_deliveries`).Scan(&ingest, &done); err == nil {

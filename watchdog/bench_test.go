@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 func benchSize(def int) int {
@@ -65,15 +65,6 @@ func appendReadingsOver(b *testing.B, js jetstream.JetStream, n int, d time.Dura
 		b.Fatal("appends not acknowledged within 5 minutes")
 	}
 	return at
-}
-
-// cpuTime is the user and system CPU time this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func memFigures() (heapMB, rssMB float64) {
@@ -179,7 +170,7 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		f := e.collectFacts()
 		_, reg, stop := e.start(Config{PartitionCount: testPartitions, LostAfter: lost})
 		e.reading("warmup")
-		cpu0 := cpuTime()
+		cpu0 := testenv.SelfCPU()
 		start := time.Now()
 		at := appendReadingsOver(b, e.nats.JS, n, spread)
 		b.Logf("appended %d readings in %s; deadlines from %s to %s after start", n, time.Since(start).Round(time.Millisecond),
@@ -225,7 +216,7 @@ func benchExpiryDelay(b *testing.B, spread time.Duration) {
 		}
 		// The process's CPU over the run (appends, NATS, the watchdog and this collector):
 		// steadier than the delays on a shared machine, and what the delays grow with.
-		b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(n), "cpu-µs/expiry")
+		b.ReportMetric(float64((testenv.SelfCPU()-cpu0).Microseconds())/float64(n), "cpu-µs/expiry")
 		b.ReportMetric(p(0.5).Seconds(), "p50-s")
 		b.ReportMetric(p(0.99).Seconds(), "p99-s")
 		b.Logf("%d expiries: delay from deadline to fact in READINGS min %s p50 %s p99 %s max %s",

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -159,4 +160,14 @@ func ReportCPUPer(b *testing.B, use []CPUUse, n float64, unit string) {
 		b.Logf("CPU %-24s %8.1f s %6.1f%% of one core, %6.1f µs per %s", u.Name, u.Seconds, u.Percent, per, unit)
 	}
 	b.ReportMetric(total, "machine-cpu-µs/"+unit)
+}
+
+// SelfCPU is the user and system CPU time this process (a benchmark running its part in
+// process) has used so far.
+func SelfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
