@@ -110,6 +110,12 @@ func newEnv(t testing.TB, schedule ...time.Duration) *env {
 // than the defaults unless e.cfg says otherwise.
 func (e *env) start() *Notifier {
 	e.t.Helper()
+	return e.startOn(e.nats.JS)
+}
+
+// startOn is start with the notifier's own connection to NATS (through a proxy, say).
+func (e *env) startOn(js jetstream.JetStream) *Notifier {
+	e.t.Helper()
 	cfg := e.cfg
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 100 * time.Millisecond
@@ -118,7 +124,7 @@ func (e *env) start() *Notifier {
 		cfg.BreakerCooldown = 200 * time.Millisecond
 	}
 	e.reg = prometheus.NewRegistry()
-	n, err := New(cfg, Deps{JS: e.nats.JS, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg})
+	n, err := New(cfg, Deps{JS: js, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package notifier
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
@@ -23,60 +23,45 @@ const BatchDefault = 256
 // ingestRetryMax bounds the pause between tries of a batch that failed.
 const ingestRetryMax = 5 * time.Second
 
+// ingestIdleWait is how long a read of an idle partition waits for an event; a delivery
+// lost at the tail is noticed after it.
+const ingestIdleWait = time.Second
+
 // ingest turns partition p of EVENTS into delivery rows as the owner of epoch, acknowledging
 // each message only after its rows are committed, until ctx is done (nil) or a batch is
-// fenced (an error wrapping lease.ErrFenced: another process owns p now).
+// fenced (an error wrapping lease.ErrFenced: another process owns p now). It reads the
+// partition as contiguous runs (logread): revision n of a sensor is always taken in before
+// revision n+1, also when a pull answer is lost with a NATS node.
 func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
-	msgs := make(chan jetstream.Msg, 4*n.cfg.Batch)
-	batch := make([]jetstream.Msg, 0, n.cfg.Batch)
+	spec := n.eventsSpec(p)
+	// Reads, and the tries of a batch that failed, wait longer each time; NATS coming back
+	// is noticed within a second.
+	readRetry := backoff.New(100*time.Millisecond, time.Second)
 	retry := backoff.New(100*time.Millisecond, ingestRetryMax)
-	for {
-		// gone says the consumer was deleted under the subscription (by a process that
-		// claimed p while this one still held it, or by an operator): Consume stops then,
-		// and without a new consumer this partition's events would wait forever.
-		gone := make(chan struct{}, 1)
-		var cc jetstream.ConsumeContext
-		for {
-			var err error
-			if cc, err = n.consume(ctx, p, msgs, gone); err == nil {
-				break
-			}
-			n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
-			if !backoff.Sleep(ctx, time.Second) {
+	var r *logread.Reader
+	var err error
+	for r == nil {
+		if r, err = logread.Open(ctx, n.js, spec); err != nil {
+			if ctx.Err() != nil {
 				return nil
 			}
+			n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
+			readRetry.Wait(ctx)
 		}
-		n.log.Info("consuming EVENTS", "partition", p, "epoch", epoch)
-		err := n.ingestFrom(ctx, p, epoch, msgs, gone, batch, retry)
-		cc.Stop()
-		if err != nil || ctx.Err() != nil {
-			return err
-		}
-		n.log.Warn("the EVENTS consumer went away; creating it again", "partition", p)
 	}
-}
-
-// ingestFrom ingests msgs in batches until ctx is done (nil), a batch is fenced (the error),
-// or gone fires (nil, with ctx alive: the caller consumes again).
-func (n *Notifier) ingestFrom(ctx context.Context, p int, epoch int64, msgs <-chan jetstream.Msg, gone <-chan struct{}, batch []jetstream.Msg, retry *backoff.Backoff) error {
-	for {
-		batch = batch[:0]
-		select {
-		case m := <-msgs:
-			batch = append(batch, m)
-		case <-gone:
-			return nil
-		case <-ctx.Done():
-			return nil
-		}
-	more:
-		for len(batch) < n.cfg.Batch {
-			select {
-			case m := <-msgs:
-				batch = append(batch, m)
-			default:
-				break more
+	n.log.Info("consuming EVENTS", "partition", p, "epoch", epoch)
+	for ctx.Err() == nil {
+		batch, err := r.Fetch(ctx, n.cfg.Batch, ingestIdleWait)
+		if err != nil {
+			if ctx.Err() == nil {
+				n.log.Warn("read EVENTS; retrying", "partition", p, "err", err)
+				readRetry.Wait(ctx)
 			}
+			continue
+		}
+		readRetry.Reset()
+		if len(batch) == 0 {
+			continue
 		}
 		retry.Reset()
 		for {
@@ -89,59 +74,22 @@ func (n *Notifier) ingestFrom(ctx context.Context, p int, epoch int64, msgs <-ch
 			}
 			n.log.Error("ingest EVENTS batch failed; retrying", "partition", p, "messages", len(batch), "err", err)
 			if !retry.Wait(ctx) {
-				return nil // unacknowledged: redelivered to whoever consumes next
+				return nil // unacknowledged: the next owner starts at the ack floor
 			}
 		}
 	}
+	return nil
 }
 
-// consume (re)creates partition p's durable consumer to start after its ack floor, so that
-// what a previous owner had been delivered and not acked comes at once rather than after
-// AckWait (ingesting it again is idempotent), and feeds msgs from it.
-func (n *Notifier) consume(ctx context.Context, p int, msgs chan<- jetstream.Msg, gone chan<- struct{}) (jetstream.ConsumeContext, error) {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
+// eventsSpec is partition p's EVENTS consumer. Its ack floor is where a new owner resumes.
+func (n *Notifier) eventsSpec(p int) logread.Spec {
 	name := "notifier-" + strconv.Itoa(p)
-	cfg := jetstream.ConsumerConfig{
-		Durable:       name,
-		Description:   "webhook notifier, partition " + strconv.Itoa(p),
-		FilterSubject: natsx.EventsPartitionFilter(p),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxAckPending: 8 * n.cfg.Batch,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+	return logread.Spec{
+		Stream: natsx.EventsStream, Filter: natsx.EventsPartitionFilter(p), Durable: name,
+		Description: "webhook notifier, partition " + strconv.Itoa(p),
+		AckPolicy:   jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 8 * n.cfg.Batch,
+		OnGap: n.gaps.OnGap(name),
 	}
-	old, err := n.js.Consumer(cctx, natsx.EventsStream, name)
-	switch {
-	case err == nil:
-		floor := old.CachedInfo().AckFloor.Stream
-		if err := n.js.DeleteConsumer(cctx, natsx.EventsStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("delete consumer %s: %w", name, err)
-		}
-		if floor > 0 {
-			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
-		}
-	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil, fmt.Errorf("consumer %s: %w", name, err)
-	}
-	cons, err := n.js.CreateConsumer(cctx, natsx.EventsStream, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("consumer for partition %d: %w", p, err)
-	}
-	return cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-		}
-	}, jetstream.PullMaxMessages(2*n.cfg.Batch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		n.log.Debug("EVENTS consumer", "partition", p, "err", err)
-		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-			select {
-			case gone <- struct{}{}:
-			default:
-			}
-		}
-	}))
 }
 
 // ingestBatch writes the deliveries of the real events of batch, from partition p (and the
@@ -155,7 +103,7 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 	if len(evs) == 0 {
 		return nil
 	}
-	var created int
+	var created, late int
 	var recs []event.Attempt
 	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
 		// First, so that a claim by another process waits for this transaction or fences it.
@@ -163,7 +111,7 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 			return err
 		}
 		var err error
-		created, recs, err = insertDeliveries(ctx, tx, evs, payloads)
+		created, recs, late, err = insertDeliveries(ctx, tx, evs, payloads)
 		if err != nil {
 			return err
 		}
@@ -178,6 +126,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 			// Redelivered later and skipped by (event_id, client_id): harmless.
 			n.log.Debug("ack EVENTS message", "err", err)
 		}
+	}
+	for _, r := range recs[:late] {
+		n.m.late.Inc()
+		n.log.Error("an event came after a newer revision of its sensor for this client: recorded superseded, never sent",
+			"event_id", r.EventID, "client_id", r.ClientID, "sensor_id", r.SensorID, "partition", p)
 	}
 	n.m.events.Add(float64(len(evs)))
 	n.m.created.Add(float64(created))

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
@@ -126,18 +126,13 @@ func TestNotifierFencedIngestWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := partition.Of("s1", testPartitions)
-	msgs := make(chan jetstream.Msg, 10)
-	cc, err := n.consume(t.Context(), p, msgs, make(chan struct{}, 1))
+	r, err := logread.Open(t.Context(), e.nats.JS, n.eventsSpec(p))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Stop()
-	var batch []jetstream.Msg
-	select {
-	case m := <-msgs:
-		batch = append(batch, m)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no EVENTS message")
+	batch, err := r.Fetch(t.Context(), 10, 10*time.Second)
+	if err != nil || len(batch) != 1 {
+		t.Fatalf("fetch EVENTS: %d messages, %v; want 1", len(batch), err)
 	}
 	old, err := lease.Claim(t.Context(), e.pool, Name, p, "old")
 	if err != nil {

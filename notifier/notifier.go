@@ -15,6 +15,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/outbox"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
@@ -55,6 +56,7 @@ type Notifier struct {
 	wake      chan struct{} // the dispatcher: something may be due
 	slotFreed chan struct{}
 	ran       atomic.Bool
+	gaps      *logread.Gaps
 }
 
 type metrics struct {
@@ -66,6 +68,7 @@ type metrics struct {
 	inflight prometheus.GaugeFunc
 	breaker  prometheus.Counter
 	resets   prometheus.Counter
+	late     prometheus.Counter
 	clients  *clientMetrics
 }
 
@@ -108,15 +111,20 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 			Help: "Times a client's circuit breaker opened."}),
 		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_endpoint_resets_total",
 			Help: "Endpoint resets (an operator's redrive, resend or re-enable) received over NATS."}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_late_events_total",
+			Help: "Events taken in after a newer revision of the same sensor for the same client (recorded superseded, never sent): should stay 0."}),
 		clients: newClientMetrics(cfg.MetricsMaxClients),
 	}
-	for _, c := range append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency, n.m.lag, n.m.inflight, n.m.breaker, n.m.resets},
+	for _, c := range append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency, n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late},
 		n.m.clients.collectors()...) {
 		if err := d.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("notifier: register metrics: %w", err)
 		}
 	}
 	var err error
+	if n.gaps, err = logread.NewGaps(d.Registerer, n.log, Name); err != nil {
+		return nil, err
+	}
 	if n.setAside, err = setaside.NewRecorder(SetAsideConsumer, d.JS, n.log, d.Registerer); err != nil {
 		return nil, err
 	}

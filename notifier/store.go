@@ -57,8 +57,10 @@ const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
 // insertDeliveries creates one delivery per (event, subscribed client) in tx, idempotently by
 // (event_id, client_id) (the unique key adds sensor_id, the table's partition key, which the
 // event id determines), and supersedes the older rows of the keys it touched. It returns the
-// attempt records of what was superseded, for the outbox.
-func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (int, []event.Attempt, error) {
+// attempt records of what was superseded, for the outbox; the first late of them are rows
+// created superseded because the client already had a newer revision of the sensor, which
+// the in-order intake never lets happen: an error for the caller to report.
+func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (created int, recs []event.Attempt, late int, err error) {
 	// Generic plans for these statements, with sequential scans off as for finish's: they
 	// probe key by key (LATERAL subqueries kept apart with OFFSET 0), a plan that does not
 	// depend on the arguments, but the planner, costing each call afresh, planned the INSERT
@@ -67,20 +69,20 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	// raised its p50 at 1,000 events/s from 21–25 to 32–37 ms. Sequential scans off, so that
 	// a plan made while the tables are nearly empty, and kept, still probes by index.
 	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`); err != nil {
-		return 0, nil, fmt.Errorf("insert deliveries: %w", err)
+		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 	}
-	created, recs, err := insertAndSupersede(ctx, tx, evs, payloads)
+	created, recs, late, err = insertAndSupersede(ctx, tx, evs, payloads)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'auto', true), set_config('enable_seqscan', 'on', true)`); err != nil {
-		return 0, nil, fmt.Errorf("insert deliveries: %w", err)
+		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 	}
-	return created, recs, nil
+	return created, recs, late, nil
 }
 
 // insertAndSupersede is insertDeliveries without its planner settings.
-func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (created int, recs []event.Attempt, err error) {
+func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (created int, recs []event.Attempt, late int, err error) {
 	ids := make([]string, len(evs))
 	sensors := make([]string, len(evs))
 	revs := make([]int64, len(evs))
@@ -105,7 +107,7 @@ func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, paylo
 		ON CONFLICT (event_id, client_id, sensor_id) DO NOTHING
 		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`, ids, sensors, revs, payloads, types)
 	if err != nil {
-		return 0, nil, fmt.Errorf("insert deliveries: %w", err)
+		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 	}
 	var keyC, keyS []string
 	now := time.Now()
@@ -113,7 +115,7 @@ func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, paylo
 		var evID, client, sensor, state string
 		if err := rows.Scan(&evID, &client, &sensor, &state); err != nil {
 			rows.Close()
-			return 0, nil, fmt.Errorf("insert deliveries: %w", err)
+			return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 		}
 		created++
 		keyC, keyS = append(keyC, client), append(keyS, sensor)
@@ -124,13 +126,14 @@ func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, paylo
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, nil, fmt.Errorf("insert deliveries: %w", err)
+		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 	}
+	late = len(recs)
 	if len(keyC) == 0 {
-		return 0, recs, nil
+		return 0, recs, late, nil
 	}
 	more, err := supersede(ctx, tx, keyC, keyS)
-	return created, append(recs, more...), err
+	return created, append(recs, more...), late, err
 }
 
 // supersede marks as superseded the pending rows of the given (client, sensor) keys, or of

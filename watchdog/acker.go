@@ -3,6 +3,7 @@ package watchdog
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,7 +24,7 @@ const (
 
 // acker waits for each refresh in order, then acks (AckAll) the newest message whose refresh
 // and every earlier one is stored, and records that progress in ps.
-func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) error {
+func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState, done *atomic.Uint64) error {
 	var last jetstream.Msg
 	n := 0
 	flush := func() {
@@ -41,6 +42,7 @@ func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState) 
 		}
 		ps.doneTS.Store(pd.storedNS)
 		ps.doneSeq.Store(pd.seq)
+		done.Add(1)
 		last = pd.msg
 		n++
 		if n%ackEvery == 0 || len(in) == 0 {

@@ -2,7 +2,6 @@ package watchdog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
@@ -27,6 +27,9 @@ const (
 	// restartDelay is the pause before a failed consumer, watch or first overrides load is
 	// tried again.
 	restartDelay = time.Second
+	// consumerIdleWait is how long a read of an idle partition waits for a reading; a
+	// delivery lost at the tail is noticed after it.
+	consumerIdleWait = time.Second
 )
 
 // partState is one owned partition: its READINGS consumer's progress and the deadlines its
@@ -62,28 +65,20 @@ func (ps *partState) consumer() jetstream.Consumer {
 	return ps.cons
 }
 
-// consume applies one partition of READINGS to the keys, recreating its consumer on failure.
+// consume applies one partition of READINGS to the keys, reading it as contiguous runs
+// (logread) and recreating its consumer on failure.
 func (w *Watchdog) consume(ctx context.Context, p int, ps *partState) error {
 	name := w.cfg.Durable + "-" + strconv.Itoa(p)
+	spec := logread.Spec{
+		Stream: natsx.ReadingsStream, Filter: natsx.ReadingsPartitionFilter(p), Durable: name,
+		Description: "watchdog: refresh liveness keys",
+		// AckAll: the acker acks in order, and the reader never hands out a message past
+		// one that did not come, so an ack never covers a reading whose key was not written.
+		AckPolicy: jetstream.AckAllPolicy, AckWait: consumerAckWait, MaxAckPending: consumerMaxAckPending,
+		OnGap: w.gaps.OnGap(name),
+	}
 	for ctx.Err() == nil {
-		cons, err := w.js.CreateOrUpdateConsumer(ctx, natsx.ReadingsStream, jetstream.ConsumerConfig{
-			Durable:       name,
-			Description:   "watchdog: refresh liveness keys",
-			FilterSubject: natsx.ReadingsPartitionFilter(p),
-			AckPolicy:     jetstream.AckAllPolicy,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			AckWait:       consumerAckWait,
-			MaxAckPending: consumerMaxAckPending,
-		})
-		if err != nil {
-			w.log.Warn("create READINGS consumer; retrying", "consumer", name, "err", err)
-			backoff.Sleep(ctx, restartDelay)
-			continue
-		}
-		ps.mu.Lock()
-		ps.cons = cons
-		ps.mu.Unlock()
-		if err := w.consumeWith(ctx, cons, ps); err != nil && ctx.Err() == nil {
+		if err := w.consumeWith(ctx, spec, ps); err != nil && ctx.Err() == nil {
 			w.log.Warn("READINGS consumer stopped; restarting it", "consumer", name, "err", err)
 			backoff.Sleep(ctx, restartDelay)
 		}
@@ -101,61 +96,78 @@ type pending struct {
 	seq      uint64
 }
 
-// consumeWith reads cons, starts each needed refresh asynchronously and hands every message
-// to the acker in order.
-func (w *Watchdog) consumeWith(ctx context.Context, cons jetstream.Consumer, ps *partState) error {
-	it, err := cons.Messages(jetstream.PullMaxMessages(consumerPullBatch))
-	if err != nil {
-		return fmt.Errorf("pull READINGS: %w", err)
-	}
-	defer it.Stop()
+// consumeWith reads spec's consumer, starts each needed refresh asynchronously and hands
+// every message to the acker in order. When the run breaks, the consumer is recreated only
+// once the acker has done all it was handed, right after the last of them.
+func (w *Watchdog) consumeWith(ctx context.Context, spec logread.Spec, ps *partState) error {
 	acks := make(chan pending, ackQueue)
 	ackDone := make(chan error, 1)
-	go func() { ackDone <- w.acker(ctx, acks, ps) }()
+	var handed, done atomic.Uint64 // messages handed to the acker, and done by it
+	go func() { ackDone <- w.acker(ctx, acks, ps, &done) }()
 	defer func() {
 		close(acks)
 		<-ackDone
 	}()
-	stopOnCancel := context.AfterFunc(ctx, it.Stop)
-	defer stopOnCancel()
+	spec.Resume = func(ctx context.Context) (uint64, error) {
+		for done.Load() < handed.Load() {
+			if !backoff.Sleep(ctx, time.Millisecond) {
+				return 0, ctx.Err()
+			}
+		}
+		return 0, nil // right after the last message handed out
+	}
+	r, err := logread.Open(ctx, w.js, spec)
+	if err != nil {
+		return fmt.Errorf("open READINGS consumer: %w", err)
+	}
+	ps.mu.Lock()
+	ps.cons = r.Consumer()
+	ps.mu.Unlock()
 	for {
-		msg, err := it.Next()
+		msgs, err := r.Fetch(ctx, consumerPullBatch, consumerIdleWait)
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return fmt.Errorf("pull READINGS: %w", err) // recreated by consume
-			}
-			w.log.Debug("READINGS iterator", "err", err)
-			continue
+			return fmt.Errorf("pull READINGS: %w", err)
 		}
-		md, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		pd := pending{msg: msg, storedNS: md.Timestamp.UnixNano(), seq: md.Sequence.Stream}
-		l, err := event.CheckLog(msg.Subject(), msg.Data(), w.cfg.PartitionCount)
-		switch {
-		case err != nil:
-			// Set aside before the acker can ack past it: a forged id would otherwise
-			// refresh (or fail to refresh, forever) a key that is no sensor's.
-			if err := w.setAside.SetAside(ctx, natsx.ReadingsStream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); err != nil {
+		for _, msg := range msgs {
+			if err := w.handOver(ctx, msg, ps, acks); err != nil {
 				return err
 			}
-		case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
-			w.m.coalesced.Inc()
-		case l.Kind == event.KindReading:
-			pd.put, pd.ttl = w.refreshMsg(l.SensorID, l.ReceivedTime, md.Sequence.Stream, time.Now())
-			pd.fut, err = w.js.PublishMsgAsync(pd.put, jetstream.WithMsgTTL(pd.ttl))
-			if err != nil {
-				pd.fut = nil // the acker publishes it synchronously, with retries
-			}
+			handed.Add(1)
 		}
-		select {
-		case acks <- pd:
-		case <-ctx.Done():
+		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+}
+
+// handOver checks msg, starts its refresh when one is needed, and queues it for the acker.
+func (w *Watchdog) handOver(ctx context.Context, msg jetstream.Msg, ps *partState, acks chan<- pending) error {
+	md, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("READINGS message metadata: %w", err)
+	}
+	pd := pending{msg: msg, storedNS: md.Timestamp.UnixNano(), seq: md.Sequence.Stream}
+	l, err := event.CheckLog(msg.Subject(), msg.Data(), w.cfg.PartitionCount)
+	switch {
+	case err != nil:
+		// Set aside before the acker can ack past it: a forged id would otherwise
+		// refresh (or fail to refresh, forever) a key that is no sensor's.
+		if err := w.setAside.SetAside(ctx, natsx.ReadingsStream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); err != nil {
+			return err
+		}
+	case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
+		w.m.coalesced.Inc()
+	case l.Kind == event.KindReading:
+		pd.put, pd.ttl = w.refreshMsg(l.SensorID, l.ReceivedTime, md.Sequence.Stream, time.Now())
+		pd.fut, err = w.js.PublishMsgAsync(pd.put, jetstream.WithMsgTTL(pd.ttl))
+		if err != nil {
+			pd.fut = nil // the acker publishes it synchronously, with retries
+		}
+	}
+	select {
+	case acks <- pd:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

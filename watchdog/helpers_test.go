@@ -152,13 +152,22 @@ func (e *env) append(ctx context.Context, sensor, id string) (time.Time, error) 
 }
 
 func (e *env) appendWith(ctx context.Context, js jetstream.JetStream, sensor, id string) (time.Time, error) {
+	now, _, err := e.appendSeq(ctx, js, sensor, id)
+	return now, err
+}
+
+// appendSeq is appendWith that also returns the reading's READINGS sequence.
+func (e *env) appendSeq(ctx context.Context, js jetstream.JetStream, sensor, id string) (time.Time, uint64, error) {
 	now := time.Now().UTC()
 	if id == "" {
 		id = fmt.Sprintf("%s@%d", sensor, now.UnixNano())
 	}
 	b, _ := json.Marshal(event.Log{V: event.Version, Kind: event.KindReading, SensorID: sensor, Data: 1, Time: now, ReceivedTime: now, MessageID: id})
-	_, err := js.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: b}, jetstream.WithMsgID(id))
-	return now, err
+	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: natsx.ReadingsSubject(sensor), Data: b}, jetstream.WithMsgID(id))
+	if err != nil {
+		return now, 0, err
+	}
+	return now, ack.Sequence, nil
 }
 
 func (e *env) reading(sensor string) time.Time {
@@ -178,11 +187,17 @@ func (e *env) reading(sensor string) time.Time {
 // start runs a watchdog until the returned stop is called (or the test ends).
 func (e *env) start(cfg Config) (*Watchdog, *prometheus.Registry, func()) {
 	e.t.Helper()
+	return e.startOn(cfg, e.nats.JS)
+}
+
+// startOn is start with the watchdog's own connection to NATS (through a proxy, say).
+func (e *env) startOn(cfg Config, js jetstream.JetStream) (*Watchdog, *prometheus.Registry, func()) {
+	e.t.Helper()
 	if cfg.PartitionCount == 0 {
 		cfg.PartitionCount = testPartitions
 	}
 	reg := prometheus.NewRegistry()
-	w, err := New(cfg, Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(e.t), Registerer: reg, Lag: e.lag})
+	w, err := New(cfg, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(e.t), Registerer: reg, Lag: e.lag})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
@@ -77,7 +78,8 @@ type Watchdog struct {
 	// readings is the READINGS stream handle, looked up by the first declare round.
 	readings atomic.Pointer[jetstream.Stream]
 
-	m metrics
+	m    metrics
+	gaps *logread.Gaps
 }
 
 // New checks cfg and deps and builds a Watchdog; Run starts it.
@@ -103,6 +105,9 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 	w.overrides.Store(&empty)
 	var err error
 	if w.m, err = newMetrics(d.Registerer); err != nil {
+		return nil, err
+	}
+	if w.gaps, err = logread.NewGaps(d.Registerer, w.log, Name); err != nil {
 		return nil, err
 	}
 	if w.setAside, err = setaside.NewRecorder(SetAsideConsumer, d.JS, w.log, d.Registerer); err != nil {

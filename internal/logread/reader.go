@@ -1,65 +1,163 @@
-// Package logread reads a JetStream stream in order from a sequence on, without acking, for
-// the rebuilds of the projections.
+// Package logread is the one way a part reads a stream (or one partition of it): in order,
+// as contiguous runs of messages. The parts that follow the log (state and history
+// projectors, notifier, watchdog) read their durable consumers through it, and the rebuilds
+// read with it from a sequence on, acking nothing.
 package logread
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Reader reads a stream (filtered or not) in order from a sequence on, with one pull consumer that acks nothing. An ordered consumer is not used: it deletes and
-// creates its server-side consumer at every Fetch, and creating a filtered consumer makes
-// the server count its pending messages, at a cost that grows with the stream (on a log of
-// 10,000,000 readings that dominated the rebuild). Like an ordered consumer, the reader
-// recreates its consumer right after the last message it returned when the consumer
-// sequence has a gap (a pull answer lost) or the consumer is gone.
+// Spec says which consumer a Reader reads and where it starts.
+type Spec struct {
+	Stream string
+	// Filter is the subject filter ("" for the whole stream).
+	Filter string
+	// Durable names the consumer; "" lets the server name it (the rebuilds' readers).
+	Durable     string
+	Description string
+	// AckPolicy is the consumer's; AckAll is safe with a Reader, since nothing past a gap is
+	// ever handed out, so an ack never covers a message that was not processed.
+	AckPolicy         jetstream.AckPolicy
+	AckWait           time.Duration
+	MaxAckPending     int
+	MemoryStorage     bool
+	Replicas          int
+	InactiveThreshold time.Duration
+	// Start is the stream sequence of the first message (0 or 1: the stream's first) when
+	// there is nothing else to go by: no Resume, nothing read yet and no durable consumer.
+	Start uint64
+	// Resume, when set, is asked at every (re)open for the stream sequence to read next: the
+	// part's last processed message + 1 (a checkpoint). When it is nil or says 0, the Reader
+	// resumes right after the last message it returned (right for a part that has processed
+	// what it was handed, or waits in Resume until it has), or at first after the durable
+	// consumer's ack floor, or at Start.
+	Resume func(ctx context.Context) (uint64, error)
+	// OnGap, when set, is told each time a run broke (a message lost in flight, a
+	// redelivery, the consumer gone) and the consumer is recreated.
+	OnGap func(reason string)
+}
+
+// Reader hands out a consumer's messages only as a contiguous run: each is the first
+// delivery and its consumer sequence follows the last one returned. Anything else (a pull
+// answer lost with a NATS node, a redelivery after AckWait, the consumer deleted or lost)
+// breaks the run: what came after is discarded and the consumer is recreated at once at the
+// position to resume from, instead of waiting AckWait for the server to redeliver.
+//
+// An ordered consumer is not used for the rebuilds: it deletes and recreates its consumer at
+// every Fetch, and creating a filtered consumer makes the server count its pending messages,
+// at a cost that grows with the stream.
 type Reader struct {
-	js     jetstream.JetStream
-	stream string
-	filter string
-	next   uint64 // the stream sequence to (re)start at
-	cons   jetstream.Consumer
-	cseq   uint64 // the consumer sequence of the last message returned
+	js    jetstream.JetStream
+	spec  Spec
+	next  uint64 // the stream sequence after the last message returned; 0 before any
+	cons  jetstream.Consumer
+	cseq  uint64 // the consumer sequence of the last message returned
+	stale bool   // the run broke: recreate before the next fetch
+	idle  *jetstream.ConsumerInfo
 }
 
 // New opens stream (filtered by filter, "" for all) at sequence start (0 or 1: the
-// beginning).
+// beginning), with a consumer of its own that acks nothing: the rebuilds' reader.
 func New(ctx context.Context, js jetstream.JetStream, stream, filter string, start uint64) (*Reader, error) {
-	r := &Reader{js: js, stream: stream, filter: filter, next: max(start, 1)}
+	return Open(ctx, js, Spec{
+		Stream: stream, Filter: filter, AckPolicy: jetstream.AckNonePolicy, Start: start,
+		InactiveThreshold: 5 * time.Minute, MemoryStorage: true, Replicas: 1,
+	})
+}
+
+// Open creates spec's consumer at the position to resume from and returns its reader.
+func Open(ctx context.Context, js jetstream.JetStream, spec Spec) (*Reader, error) {
+	r := &Reader{js: js, spec: spec}
 	if err := r.open(ctx); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
+// resumeAt is the stream sequence the (re)created consumer starts at.
+func (r *Reader) resumeAt(ctx context.Context) (uint64, error) {
+	if r.spec.Resume != nil {
+		seq, err := r.spec.Resume(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if seq > 0 {
+			return seq, nil
+		}
+	}
+	if r.next > 0 {
+		return r.next, nil
+	}
+	if r.spec.Durable != "" {
+		old, err := r.js.Consumer(ctx, r.spec.Stream, r.spec.Durable)
+		switch {
+		case err == nil:
+			// A consumer's ack floor starts one before its first sequence, so this is right
+			// for one that never acked too.
+			if f := old.CachedInfo().AckFloor.Stream; f > 0 {
+				return f + 1, nil
+			}
+		case !errors.Is(err, jetstream.ErrConsumerNotFound):
+			return 0, fmt.Errorf("consumer %s: %w", r.spec.Durable, err)
+		}
+	}
+	return max(r.spec.Start, 1), nil
+}
+
 func (r *Reader) open(ctx context.Context) error {
+	start, err := r.resumeAt(ctx)
+	if err != nil {
+		return err
+	}
+	if r.spec.Durable != "" {
+		// A durable is recreated rather than updated: what it had delivered and not acked
+		// (to a crashed predecessor, or lost in flight) comes at once, not after AckWait.
+		if err := r.js.DeleteConsumer(ctx, r.spec.Stream, r.spec.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("delete consumer %s: %w", r.spec.Durable, err)
+		}
+	} else if r.cons != nil {
+		_ = r.js.DeleteConsumer(ctx, r.spec.Stream, r.cons.CachedInfo().Name)
+	}
+	r.cons = nil
 	cfg := jetstream.ConsumerConfig{
-		FilterSubject: r.filter, AckPolicy: jetstream.AckNonePolicy,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: r.next,
-		InactiveThreshold: 5 * time.Minute, MemoryStorage: true, Replicas: 1,
+		Durable: r.spec.Durable, Description: r.spec.Description, FilterSubject: r.spec.Filter,
+		AckPolicy: r.spec.AckPolicy, AckWait: r.spec.AckWait, MaxAckPending: r.spec.MaxAckPending,
+		MaxDeliver: -1, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
+		InactiveThreshold: r.spec.InactiveThreshold, MemoryStorage: r.spec.MemoryStorage, Replicas: r.spec.Replicas,
+	}
+	if cfg.AckPolicy == jetstream.AckNonePolicy {
+		cfg.MaxDeliver = 0
 	}
 	// The server counts a new filtered consumer's pending messages, which on a large and
-	// busy stream can take longer than the API's default 5 s: give it time, and retry.
-	var err error
-	for range 3 {
-		actx, cancel := context.WithTimeout(ctx, openTimeout)
+	// busy stream can take longer than the API's default 5 s: a rebuild gives it time, and
+	// retries. A part's durable fails sooner, to be tried again by the part, so that a request
+	// lost while NATS restarts does not hold the partition.
+	timeout, tries := openTimeout, 3
+	if r.spec.Durable != "" {
+		timeout, tries = durableOpenTimeout, 1
+	}
+	for range tries {
+		actx, cancel := context.WithTimeout(ctx, timeout)
 		var cons jetstream.Consumer
-		cons, err = r.js.CreateConsumer(actx, r.stream, cfg)
+		cons, err = r.js.CreateConsumer(actx, r.spec.Stream, cfg)
 		cancel()
 		if err == nil {
-			r.cons, r.cseq = cons, 0
+			r.cons, r.cseq, r.next, r.stale = cons, 0, start, false
 			return nil
 		}
 		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 			break
 		}
 	}
-	return fmt.Errorf("%s consumer from seq %d: %w", r.stream, r.next, err)
+	return fmt.Errorf("%s consumer from seq %d: %w", r.spec.Stream, start, err)
 }
 
 // StreamState is stream's state as of now: js.Stream asks the server for the stream's info,
@@ -72,18 +170,32 @@ func StreamState(ctx context.Context, js jetstream.JetStream, stream string) (je
 	return st.CachedInfo().State, nil
 }
 
-// openTimeout bounds one attempt to create a reader's consumer.
-const openTimeout = time.Minute
+// openTimeout bounds one attempt to create a rebuild reader's consumer, durableOpenTimeout
+// a part's.
+const (
+	openTimeout        = time.Minute
+	durableOpenTimeout = 5 * time.Second
+)
 
 // Pending is the number of messages after the last one returned, as the consumer was
 // created (exact then; md.NumPending of each message keeps it current).
-func (r *Reader) Pending() uint64 { return r.cons.CachedInfo().NumPending }
+func (r *Reader) Pending() uint64 {
+	if r.cons == nil {
+		return 0
+	}
+	return r.cons.CachedInfo().NumPending
+}
 
-// Info asks the server for the consumer's state.
+// Info asks the server for the consumer's state, recreating the consumer when it is gone.
 func (r *Reader) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	if r.cons == nil || r.stale {
+		if err := r.open(ctx); err != nil {
+			return nil, err
+		}
+	}
 	info, err := r.cons.Info(ctx)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		if err := r.reset(ctx); err != nil {
+		if err := r.open(ctx); err != nil {
 			return nil, err
 		}
 		return r.cons.Info(ctx)
@@ -91,72 +203,106 @@ func (r *Reader) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	return info, err
 }
 
-// reset replaces the consumer with one starting after the last message returned.
-func (r *Reader) reset(ctx context.Context) error {
-	if r.cons != nil {
-		_ = r.js.DeleteConsumer(ctx, r.stream, r.cons.CachedInfo().Name)
-		r.cons = nil
-	}
-	return r.open(ctx)
-}
+// Consumer is the consumer as last (re)created, nil before: its Info asks by name, so it
+// stays usable from other goroutines across recreations.
+func (r *Reader) Consumer() jetstream.Consumer { return r.cons }
 
-// Close deletes the consumer.
+// IdleInfo is the consumer's state as the last idle Fetch (nothing came within its wait)
+// found it; nil before.
+func (r *Reader) IdleInfo() *jetstream.ConsumerInfo { return r.idle }
+
+// Reopen makes the next Fetch recreate the consumer at the position to resume from: a part
+// whose processing of what it was handed failed calls it (with Resume set) to be handed the
+// same messages again.
+func (r *Reader) Reopen() { r.stale = true }
+
+// Close deletes a reader's own consumer; a durable one stays for the next owner.
 func (r *Reader) Close(ctx context.Context) {
-	if r.cons != nil {
-		_ = r.js.DeleteConsumer(context.WithoutCancel(ctx), r.stream, r.cons.CachedInfo().Name)
-		r.cons = nil
+	if r.cons != nil && r.spec.Durable == "" {
+		_ = r.js.DeleteConsumer(context.WithoutCancel(ctx), r.spec.Stream, r.cons.CachedInfo().Name)
 	}
+	r.cons = nil
 }
 
-// Fetch returns up to n next messages: those at hand, or when wait > 0 those that come
-// within wait. No message is returned twice or skipped.
+// Fetch returns up to n next messages in order: those at hand, or when wait > 0 those that
+// come within wait. No message is returned twice (unless the reader was reopened at an
+// earlier Resume position) or skipped. A broken run is repaired before Fetch returns: what
+// was lost comes at once.
 func (r *Reader) Fetch(ctx context.Context, n int, wait time.Duration) ([]jetstream.Msg, error) {
 	msgs, gap, err := r.fetchOnce(ctx, n, wait)
 	if err == nil && gap && len(msgs) == 0 {
-		// Recreated after a gap: what was lost comes again at once.
 		msgs, _, err = r.fetchOnce(ctx, n, wait)
 	}
 	return msgs, err
 }
 
 func (r *Reader) fetchOnce(ctx context.Context, n int, wait time.Duration) (_ []jetstream.Msg, gap bool, _ error) {
-	if r.cons == nil {
+	if r.cons == nil || r.stale {
 		if err := r.open(ctx); err != nil {
 			return nil, false, err
 		}
 	}
-	var b jetstream.MessageBatch
-	var err error
-	if wait > 0 {
-		b, err = r.cons.Fetch(n, jetstream.FetchMaxWait(wait))
-	} else {
-		b, err = r.cons.FetchNoWait(n)
+	msgs, err := Drain(r.cons.FetchNoWait(n))
+	if err == nil && len(msgs) == 0 && wait > 0 {
+		fctx, cancel := context.WithTimeout(ctx, wait)
+		msgs, err = Drain(r.cons.Fetch(1, jetstream.FetchContext(fctx)))
+		cancel()
+		if err == nil && len(msgs) == 1 && n > 1 {
+			more, merr := Drain(r.cons.FetchNoWait(n - 1))
+			msgs, err = append(msgs, more...), merr
+		}
 	}
-	msgs, err := Drain(b, err)
 	out := msgs[:0]
+	reason := ""
 	for _, m := range msgs {
 		md, merr := m.Metadata()
-		if merr != nil || md.Sequence.Consumer != r.cseq+1 {
-			gap = true
+		switch {
+		case merr != nil:
+			reason = "unreadable metadata"
+		case md.Sequence.Consumer != r.cseq+1:
+			reason = fmt.Sprintf("consumer sequence %d after %d: a delivery was lost", md.Sequence.Consumer, r.cseq)
+		case md.NumDelivered != 1 && r.spec.AckPolicy != jetstream.AckNonePolicy:
+			reason = "redelivery"
+		}
+		if reason != "" {
 			break
 		}
 		r.cseq, r.next = md.Sequence.Consumer, md.Sequence.Stream+1
 		out = append(out, m)
 	}
 	switch {
-	case err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil:
+	case err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil,
+		err != nil && strings.Contains(err.Error(), "MaxAckPending"):
+		// Nothing more now: the wait ran out, or the part holds as many as it may.
 		err = nil
 	case errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
-		errors.Is(err, nats.ErrNoResponders):
-		gap, err = true, nil
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || errors.Is(err, jetstream.ErrServerShutdown):
+		reason, err = "consumer gone: "+err.Error(), nil
 	}
-	if gap {
-		if rerr := r.reset(ctx); rerr != nil {
-			return out, gap, rerr
+	if err == nil && reason == "" && len(msgs) == 0 && wait > 0 {
+		// Idle. A message lost at the tail has no successor to show the gap: the consumer's
+		// count of deliveries does.
+		info, ierr := r.cons.Info(ctx)
+		r.idle = info
+		switch {
+		case errors.Is(ierr, jetstream.ErrConsumerNotFound):
+			reason = "consumer gone"
+		case ierr != nil:
+			err = ierr
+		case info.Delivered.Consumer > r.cseq:
+			reason = fmt.Sprintf("consumer delivered %d, %d came: a delivery was lost", info.Delivered.Consumer, r.cseq)
+		}
+	}
+	if reason != "" {
+		gap = true
+		r.stale = true
+		if r.spec.OnGap != nil {
+			r.spec.OnGap(reason)
 		}
 	}
 	if err != nil {
-		return out, gap, fmt.Errorf("read %s: %w", r.stream, err)
+		r.stale = true
+		return out, gap, fmt.Errorf("read %s: %w", r.spec.Stream, err)
 	}
 	return out, gap, nil
 }

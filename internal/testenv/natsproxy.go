@@ -1,0 +1,140 @@
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// NATSProxy stands between a part's NATS connection and the server, on loopback, and can
+// lose one message the server sends: the pull answer that goes down with a NATS node,
+// injected deterministically. Everything else passes unchanged both ways.
+type NATSProxy struct {
+	// URL is what the part connects to.
+	URL    string
+	target string
+	ln     net.Listener
+
+	mu    sync.Mutex
+	drops []*drop
+	conns []net.Conn
+}
+
+type drop struct {
+	match func(subject, reply string) bool
+	done  chan string
+}
+
+// NewNATSProxy proxies to the NATS server at target (host:port or nats://host:port) until
+// the end of the test.
+func NewNATSProxy(t testing.TB, target string) *NATSProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := bytes.CutPrefix([]byte(target), []byte("nats://")); ok {
+		target = string(u)
+	}
+	p := &NATSProxy{URL: "nats://" + ln.Addr().String(), target: target, ln: ln}
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+	})
+	return p
+}
+
+// DropOne arms the proxy: the next message the server sends whose subject and reply subject
+// match is not passed on. The channel receives its reply subject (for a JetStream delivery,
+// $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>...) when it is dropped.
+func (p *NATSProxy) DropOne(match func(subject, reply string) bool) <-chan string {
+	d := &drop{match: match, done: make(chan string, 1)}
+	p.mu.Lock()
+	p.drops = append(p.drops, d)
+	p.mu.Unlock()
+	return d.done
+}
+
+// take reports whether a message is to be dropped, disarming the drop that matched.
+func (p *NATSProxy) take(subject, reply string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, d := range p.drops {
+		if d.match(subject, reply) {
+			p.drops = append(p.drops[:i], p.drops[i+1:]...)
+			d.done <- reply
+			return true
+		}
+	}
+	return false
+}
+
+func (p *NATSProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
+		go func() { p.serverToClient(s, c); _ = c.Close() }()
+	}
+}
+
+// serverToClient copies the server's protocol to the client, message by message (MSG and
+// HMSG with their payloads, the other operations line by line), leaving out what take says.
+func (p *NATSProxy) serverToClient(s, c net.Conn) {
+	r := bufio.NewReaderSize(s, 64<<10)
+	w := bufio.NewWriterSize(c, 64<<10)
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			return
+		}
+		out := append([]byte(nil), line...)
+		f := bytes.Fields(line)
+		keep := true
+		if len(f) >= 4 && (string(f[0]) == "MSG" || string(f[0]) == "HMSG") {
+			size, err := strconv.Atoi(string(f[len(f)-1]))
+			if err != nil {
+				return
+			}
+			body := make([]byte, size+2) // the payload and its CRLF
+			if _, err := io.ReadFull(r, body); err != nil {
+				return
+			}
+			out = append(out, body...)
+			reply := ""
+			if n := len(f); string(f[0]) == "MSG" && n == 5 || string(f[0]) == "HMSG" && n == 6 {
+				reply = string(f[3])
+			}
+			keep = !p.take(string(f[1]), reply)
+		}
+		if keep {
+			if _, err := w.Write(out); err != nil {
+				return
+			}
+		}
+		if r.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
