@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,6 +33,7 @@ type Projector struct {
 	refused *refusals
 	// setAside records the READINGS messages that can never be applied.
 	setAside *setaside.Recorder
+	gaps     *logread.Gaps
 }
 
 // New checks the configuration and registers the metrics.
@@ -49,6 +51,9 @@ func New(cfg Config, d Deps) (*Projector, error) {
 		return nil, err
 	}
 	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m}
+	if s.gaps, err = logread.NewGaps(d.Registerer, s.log, Name); err != nil {
+		return nil, err
+	}
 	if s.setAside, err = setaside.NewRecorder(Name, d.JS, s.log, d.Registerer); err != nil {
 		return nil, err
 	}
