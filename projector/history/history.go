@@ -16,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
@@ -31,6 +33,7 @@ type Projector struct {
 	log   *slog.Logger
 	sinks []*sink
 	m     *metrics
+	gaps  *logread.Gaps
 	ran   atomic.Bool
 	// setAside records the READINGS and EVENTS messages that can never be rows.
 	setAside *setaside.Recorder
@@ -52,6 +55,9 @@ func New(cfg Config, d Deps) (*Projector, error) {
 		return nil, err
 	}
 	h := &Projector{cfg: cfg, js: js, ch: ch, log: log.With("part", "history"), m: m}
+	if h.gaps, err = logread.NewGaps(reg, h.log, Name); err != nil {
+		return nil, err
+	}
 	if h.setAside, err = setaside.NewRecorder(Name, js, h.log, reg); err != nil {
 		return nil, err
 	}
@@ -73,6 +79,7 @@ func New(cfg Config, d Deps) (*Projector, error) {
 // item is one message and the row it becomes (nil row: ack only).
 type item struct {
 	msg   jetstream.Msg
+	src   *source // where msg came from
 	row   any
 	stamp time.Time // stream time of the message, for the lag
 }
@@ -80,7 +87,12 @@ type item struct {
 // source is one durable consumer feeding a sink.
 type source struct {
 	stream, durable, filter string
-	numPending              atomic.Uint64
+	// partitioned: one partition of READINGS or EVENTS, read in order by this process
+	// alone; otherwise the shared DELIVERIES consumer.
+	partitioned bool
+	numPending  atomic.Uint64
+	// handed and done count the messages given to the sink and those it has acked.
+	handed, done atomic.Uint64
 }
 
 // Run consumes until ctx is done, then writes and acks what it holds (within ShutdownGrace).
@@ -92,25 +104,20 @@ func (h *Projector) Run(ctx context.Context) error {
 	type job struct {
 		sink *sink
 		src  *source
-		cons jetstream.Consumer
+		cons jetstream.Consumer // the shared DELIVERIES consumer; nil for a partition's
 	}
 	var jobs []job
 	for _, s := range h.sinks {
 		for _, src := range s.sources(h.cfg) {
-			cons, err := h.js.CreateOrUpdateConsumer(ctx, src.stream, jetstream.ConsumerConfig{
-				Durable:       src.durable,
-				Description:   "history projector: " + s.table.name + " to ClickHouse",
-				FilterSubject: src.filter,
-				DeliverPolicy: jetstream.DeliverAllPolicy,
-				AckPolicy:     jetstream.AckExplicitPolicy,
-				AckWait:       h.cfg.AckWait,
-				MaxDeliver:    -1,
-				MaxAckPending: h.cfg.MaxAckPending,
-			})
+			s.srcs = append(s.srcs, src)
+			if src.partitioned {
+				jobs = append(jobs, job{s, src, nil})
+				continue
+			}
+			cons, err := h.js.CreateOrUpdateConsumer(ctx, src.stream, h.consumerConfig(s, src))
 			if err != nil {
 				return fmt.Errorf("history: consumer %s on %s: %w", src.durable, src.stream, err)
 			}
-			s.srcs = append(s.srcs, src)
 			jobs = append(jobs, job{s, src, cons})
 		}
 	}
@@ -137,6 +144,9 @@ func (h *Projector) Run(ctx context.Context) error {
 		wg.Add(1)
 		g.Go(func() error {
 			defer wg.Done()
+			if j.cons == nil {
+				return h.consumePartition(gctx, sinkCtx, j.src, j.sink)
+			}
 			return h.consume(gctx, sinkCtx, j.cons, j.src, j.sink)
 		})
 	}
@@ -156,8 +166,82 @@ func (h *Projector) Run(ctx context.Context) error {
 	return nil
 }
 
-// consume feeds one consumer's messages to its sink until ctx is done, then drains what the
-// client already pulled so that those messages are written now rather than redelivered later.
+// consumerConfig is the durable consumer of src, which feeds s.
+func (h *Projector) consumerConfig(s *sink, src *source) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       src.durable,
+		Description:   "history projector: " + s.table.name + " to ClickHouse",
+		FilterSubject: src.filter,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       h.cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: h.cfg.MaxAckPending,
+	}
+}
+
+// consumePartition feeds one partition's messages to its sink as contiguous runs (logread)
+// until ctx is done. When a run breaks, the consumer is recreated only once the sink has
+// written and acked everything it was handed, right after the last of it: its ack floor is
+// the projection's checkpoint.
+func (h *Projector) consumePartition(ctx, sinkCtx context.Context, src *source, s *sink) error {
+	cfg := h.consumerConfig(s, src)
+	spec := logread.Spec{
+		Stream: src.stream, Filter: src.filter, Durable: src.durable, Description: cfg.Description,
+		AckPolicy: cfg.AckPolicy, AckWait: cfg.AckWait, MaxAckPending: cfg.MaxAckPending,
+		Resume: func(ctx context.Context) (uint64, error) {
+			for src.done.Load() < src.handed.Load() {
+				if !backoff.Sleep(ctx, 5*time.Millisecond) {
+					return 0, ctx.Err()
+				}
+			}
+			return 0, nil // right after the last message handed out
+		},
+		OnGap: h.gaps.OnGap(src.durable),
+	}
+	retry := backoff.New(100*time.Millisecond, time.Second)
+	var r *logread.Reader
+	for ctx.Err() == nil {
+		var msgs []jetstream.Msg
+		var err error
+		if r == nil {
+			r, err = logread.Open(ctx, h.js, spec)
+		}
+		if err == nil {
+			msgs, err = r.Fetch(ctx, min(h.cfg.BatchSize, 2000), idleWait)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				h.log.Warn("history: reading messages; retrying", "consumer", src.durable, "err", err)
+				retry.Wait(ctx)
+			}
+			continue
+		}
+		retry.Reset()
+		for _, msg := range msgs {
+			it, ok := h.decode(sinkCtx, msg, src, s)
+			if !ok {
+				return nil
+			}
+			src.handed.Add(1)
+			select {
+			case s.in <- it:
+			case <-sinkCtx.Done():
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// idleWait is how long a read of an idle partition waits for a message; a delivery lost at
+// the tail is noticed after it.
+const idleWait = time.Second
+
+// consume feeds the shared DELIVERIES consumer's messages to its sink until ctx is done,
+// then drains what the client already pulled so that those messages are written now rather
+// than redelivered later. Its messages are split between the history processes, so its
+// consumer sequence has gaps by design: a lost one comes again after AckWait.
 func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consumer, src *source, s *sink) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(min(h.cfg.BatchSize, 2000)))
 	if err != nil {
@@ -180,31 +264,9 @@ func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consume
 			h.log.Warn("history: pulling messages", "consumer", src.durable, "err", err)
 			continue
 		}
-		it := item{msg: msg}
-		if md, err := msg.Metadata(); err == nil {
-			it.stamp = md.Timestamp
-			src.numPending.Store(md.NumPending)
-			it.row, err = s.table.decode(msg.Subject(), msg.Data(), md, h.cfg.PartitionCount)
-			refused := errors.Is(err, event.ErrInvalid)
-			if refused {
-				// Set aside before the sink acks it with no row; when the record cannot be
-				// written before the stop, the message is not acked and comes back.
-				if serr := h.setAside.SetAside(sinkCtx, src.stream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); serr != nil {
-					return nil
-				}
-				err = errNotARow
-				h.m.skipped.WithLabelValues(s.table.name, "set_aside").Inc()
-			}
-			if err != nil && !refused {
-				reason := "undecodable"
-				if errors.Is(err, errNotARow) {
-					reason = "not_a_row"
-				} else {
-					h.log.Error("history: skipping a message that cannot be decoded", "consumer", src.durable,
-						"seq", md.Sequence.Stream, "err", err)
-				}
-				h.m.skipped.WithLabelValues(s.table.name, reason).Inc()
-			}
+		it, ok := h.decode(sinkCtx, msg, src, s)
+		if !ok {
+			return nil
 		}
 		select {
 		case s.in <- it:
@@ -212,4 +274,37 @@ func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consume
 			return nil
 		}
 	}
+}
+
+// decode makes msg of src the item s writes: its row, or none for what is set aside or not a
+// row. False: the set-aside record could not be written before the stop (msg is not acked and
+// comes back).
+func (h *Projector) decode(sinkCtx context.Context, msg jetstream.Msg, src *source, s *sink) (item, bool) {
+	it := item{msg: msg, src: src}
+	if md, err := msg.Metadata(); err == nil {
+		it.stamp = md.Timestamp
+		src.numPending.Store(md.NumPending)
+		it.row, err = s.table.decode(msg.Subject(), msg.Data(), md, h.cfg.PartitionCount)
+		refused := errors.Is(err, event.ErrInvalid)
+		if refused {
+			// Set aside before the sink acks it with no row; when the record cannot be
+			// written before the stop, the message is not acked and comes back.
+			if serr := h.setAside.SetAside(sinkCtx, src.stream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); serr != nil {
+				return it, false
+			}
+			err = errNotARow
+			h.m.skipped.WithLabelValues(s.table.name, "set_aside").Inc()
+		}
+		if err != nil && !refused {
+			reason := "undecodable"
+			if errors.Is(err, errNotARow) {
+				reason = "not_a_row"
+			} else {
+				h.log.Error("history: skipping a message that cannot be decoded", "consumer", src.durable,
+					"seq", md.Sequence.Stream, "err", err)
+			}
+			h.m.skipped.WithLabelValues(s.table.name, reason).Inc()
+		}
+	}
+	return it, true
 }

@@ -31,14 +31,14 @@ func (s *sink) sources(cfg Config) []*source {
 		var out []*source
 		for _, p := range cfg.Partitions {
 			out = append(out, &source{stream: natsx.ReadingsStream, durable: readingsConsumer(cfg.Durable, p),
-				filter: natsx.ReadingsPartitionFilter(p)})
+				filter: natsx.ReadingsPartitionFilter(p), partitioned: true})
 		}
 		return out
 	case "events":
 		var out []*source
 		for _, p := range cfg.Partitions {
 			out = append(out, &source{stream: natsx.EventsStream, durable: cfg.Durable + "_events_" + strconv.Itoa(p),
-				filter: natsx.EventsPartitionFilter(p)})
+				filter: natsx.EventsPartitionFilter(p), partitioned: true})
 		}
 		return out
 	default:
@@ -215,6 +215,7 @@ func (s *sink) flush(ctx context.Context, b []item) {
 			// The row is written; a lost ack means a redelivery, which the table collapses.
 			s.h.log.Debug("history: ack failed", "err", err)
 		}
+		it.src.done.Add(1)
 	}
 	s.h.m.rows.WithLabelValues(s.table.name).Add(float64(len(rows)))
 	s.h.m.batches.WithLabelValues(s.table.name).Inc()
