@@ -38,11 +38,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
@@ -266,32 +266,36 @@ func (s *session) records(ctx context.Context) (map[string]sessionRecord, error)
 // candidates lists, in stream order, the sensor's readings stored since from sessions in
 // recs with a tag above their record.
 func (s *session) candidates(ctx context.Context, sensor string, since time.Time, recs map[string]sessionRecord) ([]candidate, error) {
-	cons, err := s.js.CreateConsumer(ctx, natsx.ReadingsStream, jetstream.ConsumerConfig{
-		Description:       "bridge: a redelivered reading's look-back",
-		FilterSubject:     natsx.ReadingsSensorFilter(sensor),
-		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
-		OptStartTime:      &since,
-		AckPolicy:         jetstream.AckNonePolicy,
-		InactiveThreshold: time.Minute,
-		MemoryStorage:     true,
+	rd, err := logread.Open(ctx, s.js, logread.Spec{
+		Stream: natsx.ReadingsStream, Filter: natsx.ReadingsSensorFilter(sensor),
+		Description: "bridge: a redelivered reading's look-back",
+		AckPolicy:   jetstream.AckNonePolicy, StartTime: &since,
+		InactiveThreshold: time.Minute, MemoryStorage: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read sensor %s's recent readings: %w", sensor, err)
 	}
-	defer func() {
-		_ = s.js.DeleteConsumer(context.WithoutCancel(ctx), natsx.ReadingsStream, cons.CachedInfo().Name)
-	}()
-	pending := int(cons.CachedInfo().NumPending)
+	defer rd.Close(ctx)
+	pending := int(rd.Pending())
 	var out []candidate
-	noResponders := 0
+	empty := 0
 	for pending > 0 {
-		batch, err := cons.Fetch(min(pending, 500), jetstream.FetchMaxWait(5*time.Second))
+		msgs, err := rd.Fetch(ctx, min(pending, 500), 5*time.Second)
 		if err != nil {
 			return nil, fmt.Errorf("read sensor %s's recent readings: %w", sensor, err)
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
+		if len(msgs) == 0 {
+			// In a cluster the new consumer may live on a server whose interest has not
+			// reached the one this connection is on yet: its first pulls find nothing.
+			if empty++; empty > 10 {
+				return nil, fmt.Errorf("read sensor %s's recent readings: %d announced, none came", sensor, pending)
+			}
+			if !backoff.Sleep(ctx, time.Duration(empty)*50*time.Millisecond) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		for _, m := range msgs {
 			pending--
 			l, err := event.DecodeLog(m.Data())
 			if err != nil || l.Kind != event.KindReading || l.SensorID != sensor {
@@ -307,22 +311,6 @@ func (s *session) candidates(ctx context.Context, sensor string, since time.Time
 				continue
 			}
 			out = append(out, candidate{origin: l.Origin, identity: l.MessageID, unacked: tag > r.Acked})
-		}
-		err = batch.Error()
-		// In a cluster the new consumer may live on a server whose interest has not reached
-		// the one this connection is on yet: its first pulls find no responder for a moment.
-		if got == 0 && errors.Is(err, nats.ErrNoResponders) && noResponders < 10 {
-			noResponders++
-			if !backoff.Sleep(ctx, time.Duration(noResponders)*50*time.Millisecond) {
-				return nil, ctx.Err()
-			}
-			continue
-		}
-		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, fmt.Errorf("read sensor %s's recent readings: %w", sensor, err)
-		}
-		if got == 0 {
-			return nil, fmt.Errorf("read sensor %s's recent readings: %d announced, none came", sensor, pending)
 		}
 	}
 	return out, nil

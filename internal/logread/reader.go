@@ -34,6 +34,9 @@ type Spec struct {
 	// Start is the stream sequence of the first message (0 or 1: the stream's first) when
 	// there is nothing else to go by: no Resume, nothing read yet and no durable consumer.
 	Start uint64
+	// StartTime, when set and Start is 0, begins at the first message stored at or after it
+	// instead.
+	StartTime *time.Time
 	// Resume, when set, is asked at every (re)open for the stream sequence to read next: the
 	// part's last processed message + 1 (a checkpoint). When it is nil or says 0, the Reader
 	// resumes right after the last message it returned (right for a part that has processed
@@ -109,6 +112,9 @@ func (r *Reader) resumeAt(ctx context.Context) (uint64, error) {
 			return 0, fmt.Errorf("consumer %s: %w", r.spec.Durable, err)
 		}
 	}
+	if r.spec.Start == 0 && r.spec.StartTime != nil {
+		return 0, nil // by time
+	}
 	return max(r.spec.Start, 1), nil
 }
 
@@ -132,6 +138,9 @@ func (r *Reader) open(ctx context.Context) error {
 		AckPolicy: r.spec.AckPolicy, AckWait: r.spec.AckWait, MaxAckPending: r.spec.MaxAckPending,
 		MaxDeliver: -1, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
 		InactiveThreshold: r.spec.InactiveThreshold, MemoryStorage: r.spec.MemoryStorage, Replicas: r.spec.Replicas,
+	}
+	if start == 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, r.spec.StartTime
 	}
 	if cfg.AckPolicy == jetstream.AckNonePolicy {
 		cfg.MaxDeliver = 0
