@@ -265,7 +265,10 @@ func (s *Store) Readings(ctx context.Context, sensorID string, q Query) (Reading
 	}
 	sql := "SELECT " + readingsCols + " FROM " + chschema.Readings.Name + " WHERE " +
 		strings.Join(conds, " AND ") + " ORDER BY " + w.order("received", "received_ms", "seq") +
-		" LIMIT 1 BY seq LIMIT " + strconv.Itoa(w.size+1)
+		// A reading is its sequence in the stream it came from: after a store loss the new
+		// READINGS numbers from 1 again, and its readings differ from the old ones of the
+		// same sequence by their receive time.
+		" LIMIT 1 BY received, received_ms, seq LIMIT " + strconv.Itoa(w.size+1)
 	rows, err := s.ch.Query(ctx, sql)
 	if err != nil {
 		return page, fmt.Errorf("history: readings of %s: %w", sensorID, err)

@@ -93,7 +93,7 @@ func (s *Store) Stats(ctx context.Context, sensorID string, q StatsQuery) ([]Int
 		return nil
 	}
 	bucket := fmt.Sprintf("toInt64(intDiv(%s - %d, %d))", tmsExpr, S, I)
-	if err := counts("readings", "SELECT "+bucket+" AS k, toUInt64(uniqExact(seq)) FROM readings WHERE "+in+" GROUP BY k",
+	if err := counts("readings", "SELECT "+bucket+" AS k, toUInt64(uniqExact(seq, received, received_ms)) FROM readings WHERE "+in+" GROUP BY k",
 		func(iv *Interval, v uint64) { iv.Readings = int64(v) }); err != nil {
 		return nil, err
 	}
