@@ -161,6 +161,7 @@ func TestCLI(t *testing.T) {
 		testenv.Eventually(t, 5*time.Second, "the receiver refusing the forged webhook", func() bool {
 			return strings.Contains(rcv.String(), "refused   webhook-id=evt_forged  no signature matches the secret (answered 401)")
 		})
+		expect(t, env, 1, []string{`client "cl_nosuch" not found`, "HTTP 404"}, "client", "test-event", "cl_nosuch")
 		expect(t, env, 2, []string{"--secret is required"}, "receive", "--listen", testenv.FreeAddr(t))
 		expect(t, env, 2, []string{"whsec_"}, "receive", "--secret", "nope")
 		expect(t, env, 1, []string{"address already in use"}, "receive", "--listen", rcvAddr, "--secret", secret)
@@ -236,6 +237,7 @@ func TestCLI(t *testing.T) {
 	t.Run("events", func(t *testing.T) {
 		eventually(t, env, `sensor\.state_changed\s+0 \(open\)\s+1 \(closed\)\s+2\s+evt_`, "events", "door1")
 		expect(t, env, 2, []string{"--since and --start"}, "events", "door1", "--since", "1h", "--start", "2026-11-22T10:00:00Z")
+		expect(t, env, 1, []string{"sensor_id", "HTTP 400"}, "events", "bad!id")
 	})
 	t.Run("deliveries", func(t *testing.T) {
 		eventually(t, env, `evt_\S+\s+door1\s+1\s+204\s+[0-9.]+ ms\s+delivered`, "deliveries", clientID)
