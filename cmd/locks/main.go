@@ -40,6 +40,17 @@ usage:
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
   locks version
 
+The admin API (LOCKS_API_URL, LOCKS_API_TOKEN; default the local "go tool task up"):
+  locks sensor create|get|list|delete
+  locks client create|get|list|delete|rotate-secret|test-event|enable|disable
+  locks subscription create|delete SENSOR CLIENT
+  locks state|readings|events SENSOR
+  locks deliveries|redrive CLIENT
+  locks publish SENSOR 0|1          one reading to RabbitMQ, as a sensor sends it
+  locks receive --secret whsec_…    a demo receiver that verifies and prints webhooks
+Each takes --help; --json prints the API's JSON instead of a table. Exit status: 0, 1 when
+the call failed, 2 for bad usage.
+
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
 --lost-after=5s. Run "locks run -h" for the list.
 `
@@ -59,13 +70,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
+		if isCLICommand(cmd) {
+			return runCLI(cmd, args, getenv, stdout, stderr)
+		}
 		fmt.Fprintf(stderr, "locks: unknown command %q\n\n%s", cmd, usage)
 		return 2
 	}
 
 	fs := flag.NewFlagSet("locks "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	vals := config.Register(fs)
+	vals := configFlags(fs, settingsOf(cmd)...)
 	var targets, partitions string
 	var lg *loadgenOptions
 	if cmd == "loadgen" {
