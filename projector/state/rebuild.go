@@ -60,6 +60,9 @@ type Rebuild struct {
 	log *slog.Logger
 	// pos is READINGS as plan found it: the shadow's checkpoints name its stream.
 	pos streamPosition
+	// renumbered: READINGS no longer holds its start (plan), so the shadow's revisions
+	// count from each sensor's first kept reading and the swap continues the live ones.
+	renumbered bool
 
 	afterBatch func()      // tests: called after each committed shadow batch
 	swapFailed func(error) // tests: called when a swap attempt fails
@@ -162,7 +165,7 @@ func (r *Rebuild) openWorkers(ctx context.Context, eventsTruncated bool) ([]*sha
 	workers := make([]*shadowWorker, 0, r.cfg.PartitionCount)
 	for p := range r.cfg.PartitionCount {
 		w := &shadowWorker{r: r, p: p, rows: map[string]row{},
-			check: &eventChecker{pg: r.pg, p: p, seen: map[string][]byte{}, truncated: eventsTruncated}}
+			check: &eventChecker{pg: r.pg, p: p, seen: map[string][]byte{}, truncated: eventsTruncated, renumbered: r.renumbered}}
 		workers = append(workers, w)
 		if err := w.open(ctx); err != nil {
 			return workers, err
@@ -222,7 +225,22 @@ func (r *Rebuild) plan(ctx context.Context) (eventsTruncated bool, _ error) {
 			return false, fmt.Errorf("%w: it starts at sequence %d (%d messages removed by its limits); a rebuild would lose them: pass --from-seq to accept that",
 				rebuild.ErrLogTruncated, s.FirstSeq, s.FirstSeq-1)
 		}
-		r.log.Warn("READINGS no longer holds its start: the rebuild begins where it can", "first_seq", s.FirstSeq, "from_seq", max(r.cfg.FromSeq, s.FirstSeq))
+		r.log.Warn("READINGS no longer holds its start: the rebuild begins where it can, and continues each sensor's revisions from the live projection",
+			"first_seq", s.FirstSeq, "from_seq", max(r.cfg.FromSeq, s.FirstSeq))
+	}
+	if r.renumbered = s.Msgs > 0 && max(s.FirstSeq, r.cfg.FromSeq) > 1; r.renumbered {
+		// The revisions of the readings no longer kept survive only in the live rows: without
+		// them the rebuild would number revisions from 1 again, and new events would reuse ids
+		// that receivers have already de-duplicated.
+		var live int64
+		if err := r.pg.QueryRow(ctx, `SELECT count(*) FROM sensor_state`).Scan(&live); err != nil {
+			return false, fmt.Errorf("count sensor_state: %w", err)
+		}
+		if live == 0 {
+			return false, fmt.Errorf("%w: READINGS starts at sequence %d and sensor_state is empty, so the sensors' revisions so far are known nowhere; "+
+				"a rebuild would number them from 1 again and reuse event ids that receivers have already seen: restore sensor_state from a backup first",
+				rebuild.ErrLogTruncated, s.FirstSeq)
+		}
 	}
 	if s.NumDeleted > 0 {
 		r.log.Warn("READINGS has deleted messages inside its range: the rebuild cannot apply them", "deleted", s.NumDeleted)

@@ -54,6 +54,11 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 				return fmt.Errorf("tail of partition %d: %w", w.p, err)
 			}
 		}
+		if r.renumbered {
+			if err := continueRevisions(ctx, tx); err != nil {
+				return err
+			}
+		}
 		renames, err := indexRenames(ctx, tx, "sensor_state", ShadowTable, old)
 		if err != nil {
 			return err
@@ -159,4 +164,19 @@ func DropOld(ctx context.Context, pg *pgxpool.Pool) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// continueRevisions makes the shadow of a rebuild from a READINGS that no longer holds its
+// start keep what only the live rows know: a sensor's revision never goes back (the next
+// event gets a new id), and a sensor none of whose readings is kept stays as it was.
+func continueRevisions(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `UPDATE `+ShadowTable+` s SET revision = l.revision
+		FROM sensor_state l WHERE l.sensor_id = s.sensor_id AND l.revision > s.revision`); err != nil {
+		return fmt.Errorf("continue the live revisions: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+ShadowTable+` SELECT l.* FROM sensor_state l
+		WHERE NOT EXISTS (SELECT 1 FROM `+ShadowTable+` s WHERE s.sensor_id = l.sensor_id)`); err != nil {
+		return fmt.Errorf("keep the sensors without kept readings: %w", err)
+	}
+	return nil
 }
