@@ -72,6 +72,7 @@ func (r *run) killNode(i int, what string) {
 	t := r.t
 	n := r.c.Nodes[i]
 	t.Logf("SIGKILL %s, %s", n.Name, what)
+	leaderless := r.watchLeader()
 	at := time.Now()
 	if err := n.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -83,8 +84,48 @@ func (r *run) killNode(i int, what string) {
 	if err := r.c.RestartNode(t.Context(), i); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s restarted after %s; committed readings stood still %s around the kill", n.Name,
-		time.Since(at).Round(time.Second), r.stallAround(at).Round(time.Second))
+	stall, none := r.stallAround(at), leaderless()
+	t.Logf("%s restarted after %s; committed readings stood still %s around the kill; READINGS had no leader for %s", n.Name,
+		time.Since(at).Round(time.Second), stall.Round(100*time.Millisecond), none.Round(100*time.Millisecond))
+	// The parts resume within 3 s of NATS having a leader again (the samples are a second
+	// apart, so a stall is measured up to a second long).
+	if stall > none+3*time.Second+time.Second {
+		t.Errorf("committed readings stood still %s, more than NATS's own leaderless %s plus 3 s", stall, none)
+	}
+}
+
+// watchLeader polls READINGS's leader until the returned function is called, which gives
+// the longest span in which the stream had none (or could not be asked).
+func (r *run) watchLeader() func() time.Duration {
+	ctx, stop := context.WithCancel(r.t.Context())
+	done := make(chan time.Duration, 1)
+	go func() {
+		var worst time.Duration
+		var since time.Time // the start of the current leaderless span
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			st, err := r.js.Stream(qctx, natsx.ReadingsStream)
+			cancel()
+			now := time.Now()
+			if err == nil && st.CachedInfo().Cluster != nil && st.CachedInfo().Cluster.Leader != "" {
+				since = time.Time{}
+			} else if since.IsZero() {
+				since = now
+			}
+			if !since.IsZero() {
+				worst = max(worst, now.Sub(since))
+			}
+			select {
+			case <-ctx.Done():
+				done <- worst
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() time.Duration { stop(); return <-done }
 }
 
 // connectedUsers counts a node's client connections by NATS user, from its /connz.
