@@ -361,6 +361,30 @@ func (r *run) stalls(end time.Time) (state, hooks time.Duration) {
 		longest(func(a, b sample) bool { return b.webhooks > a.webhooks })
 }
 
+// stallsWithin are the longest spans without progress of the committed readings and of
+// the webhooks that overlap [from, to].
+func (r *run) stallsWithin(from, to time.Time) (state, hooks time.Duration) {
+	r.mu.Lock()
+	s := slices.Clone(r.samples)
+	r.mu.Unlock()
+	longest := func(moved func(a, b sample) bool) time.Duration {
+		var last time.Time
+		var worst time.Duration
+		for i := 1; i < len(s); i++ {
+			if !moved(s[i-1], s[i]) {
+				continue
+			}
+			if !last.IsZero() && s[i].at.After(from) && last.Before(to) {
+				worst = max(worst, s[i].at.Sub(last))
+			}
+			last = s[i].at
+		}
+		return worst
+	}
+	return longest(func(a, b sample) bool { return b.committed.After(a.committed) }),
+		longest(func(a, b sample) bool { return b.webhooks > a.webhooks })
+}
+
 // stallAround is the span without progress of the committed readings that contains at: how
 // long the state stood still around a fault.
 func (r *run) stallAround(at time.Time) time.Duration {

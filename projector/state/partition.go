@@ -15,10 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Bounds of the delay between retries of a partition (and of its relay) after a failure.
+// Bounds of the delay between retries of a partition (and of its relay) after a failure:
+// short enough that a partition resumes within a second of NATS or Postgres coming back.
 const (
 	retryMin = 100 * time.Millisecond
-	retryMax = 3 * time.Second
+	retryMax = time.Second
 )
 
 func consumerName(p int) string { return "state-p" + strconv.Itoa(p) }
@@ -49,7 +50,7 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 			var mm *CheckpointMismatchError
 			switch {
 			case errors.As(err, &mm):
-				// Stopped loudly, and looked at again (up to every 3 s) for the store
+				// Stopped loudly, and looked at again (up to every second) for the store
 				// to come back or the checkpoints to be rebased; other partitions go on.
 				s.refused.refuse(mm)
 			case ctx.Err() == nil:
