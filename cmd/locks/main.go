@@ -35,6 +35,7 @@ usage:
   locks migrate [flags]
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
+  locks config --markdown
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
@@ -51,6 +52,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "version", "--version", "-version":
 		printVersion(stdout, readBuildInfo())
 		return 0
+	case "config":
+		return runConfig(args, stdout, stderr)
 	case "run", "migrate", "loadgen", "replay":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
