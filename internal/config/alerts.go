@@ -11,7 +11,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/whsign"
 )
 
-// Alerts configures the alerter (LOCKS_ALERT_*; README "Alerts").
+// Alerts configures the alerter (LOCKS_ALERT_*; docs/monitoring.md, "Alerts").
 type Alerts struct {
 	Interval      time.Duration
 	Lag           time.Duration

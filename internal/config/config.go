@@ -1,4 +1,4 @@
-// Package config holds the process configuration of CONTRACT.md section 4: environment
+// Package config holds the process configuration of docs/contract.md section 4: environment
 // variables named LOCKS_*, each overridable by a kebab-case flag, validated before anything
 // starts so that a bad value is reported as one line naming the variable.
 package config

@@ -10,7 +10,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
-// Retention is how long what the system stores is kept (README "Retention").
+// Retention is how long what the system stores is kept (docs/operations.md, "Retention").
 type Retention struct {
 	// ReadingsMaxAge, EventsMaxAge and DeliveriesMaxAge limit the streams' ages; Set when the
 	// variable was given, so that only then a start changes an existing stream's limit.
