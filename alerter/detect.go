@@ -171,7 +171,7 @@ func (a *Alerter) checkpointMismatch(ctx context.Context) (map[string]condition,
 			why = fmt.Sprintf("checkpoint %d was written on READINGS created %s, but READINGS now is the stream created %s", c.seq, c.stream, id)
 		}
 		out[c.projection+"/"+strconv.Itoa(c.partition)] = condition{
-			summary: fmt.Sprintf("projection %s stopped partition %d: %s (see README, \"When the log and the database disagree\")", c.projection, c.partition, why),
+			summary: fmt.Sprintf("projection %s stopped partition %d: %s (see docs/recovery.md, \"When the log and the database disagree\")", c.projection, c.partition, why),
 			details: map[string]any{"projection": c.projection, "partition": c.partition, "checkpoint": c.seq,
 				"checkpoint_stream": c.stream, "readings_stream": id, "readings_last_seq": info.State.LastSeq},
 		}

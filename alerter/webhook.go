@@ -48,7 +48,7 @@ type WebhookAlert struct {
 }
 
 // sendWebhook posts notice n to the operator webhook, signed like client webhooks
-// (CONTRACT.md section 2); nil only on a 2xx.
+// (docs/contract.md section 2); nil only on a 2xx.
 func (a *Alerter) sendWebhook(ctx context.Context, n notice) error {
 	occurred := n.firedAt
 	if n.event == eventResolved && n.resolvedAt != nil {

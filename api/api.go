@@ -1,4 +1,4 @@
-// Package api serves the admin API of CONTRACT.md section 3: gRPC services of package
+// Package api serves the admin API of docs/contract.md section 3: gRPC services of package
 // locks.v1 for clients, sensors, subscriptions, state and history, and the same calls as REST
 // under /v1 through grpc-gateway, with /openapi.json describing them.
 //

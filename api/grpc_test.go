@@ -31,7 +31,7 @@ func fieldViolation(t testing.TB, err error) string {
 	return ""
 }
 
-// Every call over gRPC, with each error code of CONTRACT.md section 3.
+// Every call over gRPC, with each error code of docs/contract.md section 3.
 func TestGRPCLifecycle(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

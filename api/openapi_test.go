@@ -213,6 +213,6 @@ func TestOpenAPIPathsAreServed(t *testing.T) {
 		}
 	}
 	if n < 19 {
-		t.Fatalf("%d operations in the document, want every call of CONTRACT.md section 3 (19)", n)
+		t.Fatalf("%d operations in the document, want every call of docs/contract.md section 3 (19)", n)
 	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // Every call over REST, in the order an operator would make them, with each error status
-// of CONTRACT.md section 3 on the way.
+// of docs/contract.md section 3 on the way.
 func TestRESTLifecycle(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -19,7 +19,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/netguard"
 )
 
-// Limits of CONTRACT.md section 3 and of this API.
+// Limits of docs/contract.md section 3 and of this API.
 const (
 	maxNameLen       = 200
 	maxAddressLen    = 512

@@ -14,7 +14,7 @@ const ClockSkewMaxDefault = 5 * time.Minute
 
 // clockSkew counts readings whose sensor clock is off. Nothing else changes for them: ts is
 // stored as sent, and ordering, history partitions and liveness use the receive time
-// (CONTRACT.md section 1), so a metric is what tells an operator which fleet needs its clocks set.
+// (docs/contract.md section 1), so a metric is what tells an operator which fleet needs its clocks set.
 type clockSkew struct {
 	max           time.Duration
 	behind, ahead prometheus.Counter

@@ -10,7 +10,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 )
 
-// MaxBodySize is the largest body a reading may have (CONTRACT.md section 1).
+// MaxBodySize is the largest body a reading may have (docs/contract.md section 1).
 const MaxBodySize = 4 << 10
 
 // ErrInvalid is matched (errors.Is) by every error Decode returns: the message is bad and
@@ -60,7 +60,7 @@ type rawReading struct {
 	TS       json.RawMessage `json:"ts"`
 }
 
-// Decode validates a message body per CONTRACT.md section 1.
+// Decode validates a message body per docs/contract.md section 1.
 //
 // Decisions where the contract is silent:
 //   - data is the JSON number zero or one in any JSON spelling (0, 1, 1.0, 1e0, 10e-1, -0);

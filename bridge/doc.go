@@ -1,4 +1,4 @@
-// Package bridge consumes sensor readings from RabbitMQ, validates them (CONTRACT.md section
+// Package bridge consumes sensor readings from RabbitMQ, validates them (docs/contract.md section
 // 1), and appends the valid ones to the partitioned READINGS stream; invalid ones go to the
 // invalid queue with the reason. A RabbitMQ message is acked only after its effect is durable.
 //
@@ -24,7 +24,7 @@
 // order.go (per-sensor order), acker.go (resolve and ack in delivery order), retry.go,
 // identity.go (recognising a redelivery), messageid.go, decode.go, clock.go, metrics.go.
 //
-// Where CONTRACT.md is silent, Decode decides (and its doc says): data is the exact JSON
+// Where docs/contract.md is silent, Decode decides (and its doc says): data is the exact JSON
 // number 0 or 1 in any spelling (1.0 and 1e0 are accepted; "1", true, null, 2 and 0.5 are
 // not); ts null is the same as absent; a ts must be RFC 3339 with a zone; a message_id-less
 // message's identity (used only to recognise a redelivery) is a digest of its body,

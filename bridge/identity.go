@@ -1,6 +1,6 @@
 package bridge
 
-// Reading identity (CONTRACT.md section 1). Every AMQP delivery is a reading, even when its
+// Reading identity (docs/contract.md section 1). Every AMQP delivery is a reading, even when its
 // body equals an earlier one: a door closed, opened and closed again sends the same body
 // twice. Only two things are recognised as already recorded:
 //
@@ -25,7 +25,7 @@ package bridge
 // digest of body and properties) of the sensor's next unclaimed candidate, and each
 // candidate is claimed once. Because the comparison is with the next candidate only, two
 // equal bodies can at worst be claimed in each other's place, which records the same
-// readings. The residual ambiguity is written down in the README.
+// readings. The residual ambiguity is written down in docs/contract.md, "Redelivered readings".
 
 import (
 	"context"

@@ -42,7 +42,7 @@ func (s *system) components() []testenv.Component {
 //
 // It runs once per sync policy of the embedded NATS store (LOCKS_NATS_SYNC), side by side in
 // one run, so that the cost of fsync on every write is measured on the same machine and load:
-// sync=2m is nats-server's default, sync=always what the README's "Durability" chooses.
+// sync=2m is nats-server's default, sync=always what docs/operations.md, "Durability", chooses.
 func BenchmarkEndToEndIngest(b *testing.B) {
 	dur := 60 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("LOCKS_BENCH_E2E_DURATION")); err == nil {

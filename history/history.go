@@ -21,7 +21,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/chschema"
 )
 
-// Paging limits (CONTRACT.md section 3).
+// Paging limits (docs/contract.md section 3).
 const (
 	DefaultPageSize = 100
 	MaxPageSize     = 1000
@@ -64,7 +64,7 @@ func New(ch driver.Conn) (*Store, error) {
 // Query selects a page of a list. Start is inclusive and End exclusive (zero: unbounded) on
 // the row's time: a reading's ts (or its receive time when it had none), an event's
 // occurred_at, an attempt's time. Readings and events are listed in the order the system
-// received them, not by that time: a sensor's clock may be years off (CONTRACT.md section 1).
+// received them, not by that time: a sensor's clock may be years off (docs/contract.md section 1).
 type Query struct {
 	Start, End time.Time
 	// PageSize is 1 to MaxPageSize; 0 means DefaultPageSize.

@@ -6,6 +6,6 @@ import "github.com/lock-sensors/lock-sensors/internal/whsign"
 var (
 	// ErrSecret says a client's signing secret is not `whsec_<base64>`.
 	ErrSecret = whsign.ErrSecret
-	// Signature is whsign.Signature: the webhook-signature header of CONTRACT.md section 2.
+	// Signature is whsign.Signature: the webhook-signature header of docs/contract.md section 2.
 	Signature = whsign.Signature
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 )
 
-// The webhook of CONTRACT.md section 2: a JSON body (Body) and the Standard Webhooks
+// The webhook of docs/contract.md section 2: a JSON body (Body) and the Standard Webhooks
 // headers (Headers), signed by sign.go and posted by sender.go.
 
 // webhookBody is the JSON body, fields in the documented order.

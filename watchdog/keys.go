@@ -75,7 +75,7 @@ type keyValue struct {
 	Lost       bool   `json:"lost"`
 }
 
-// sensorKey is a sensor id (1 to 16 ASCII letters and digits, CONTRACT.md) packed six bits
+// sensorKey is a sensor id (1 to 16 ASCII letters and digits, docs/contract.md) packed six bits
 // a character (62 symbols and padding): a map key of 12 bytes instead of a string, that
 // holds no pointer. A million of them with their deadlines take about 44 MB in the
 // partitions' maps, against 51 MB as [16]byte (BenchmarkWrittenMap).

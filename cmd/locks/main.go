@@ -24,9 +24,6 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/config"
 )
 
-// version is set with -ldflags "-X main.version=…"; otherwise the module version is used.
-var version = ""
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
@@ -38,6 +35,7 @@ usage:
   locks migrate [flags]
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
+  locks config --markdown
   locks version
 
 The admin API (LOCKS_API_URL, LOCKS_API_TOKEN; default the local "go tool task up"):
@@ -63,8 +61,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	cmd, args := args[0], args[1:]
 	switch cmd {
 	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "locks", versionString())
+		printVersion(stdout, readBuildInfo())
 		return 0
+	case "config":
+		return runConfig(args, stdout, stderr)
 	case "run", "migrate", "loadgen", "replay":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
@@ -157,22 +157,6 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
-}
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v := bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " " + s.Value[:12]
-			}
-		}
-		return v
-	}
-	return "(devel)"
 }
 
 // oneLine folds an error whose text spans lines (pgx lists each address tried) into one line.

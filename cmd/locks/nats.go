@@ -53,7 +53,7 @@ func declareStreams(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	err := declare(dctx, js, natsx.StreamsConfig{Partitions: cfg.Partitions, Replicas: cfg.NATSReplicas, LostAfter: cfg.LostAfter, LeaseTTL: cfg.LeaseTTL,
 		ReadingsMaxAge: cfg.ReadingsMaxAge, EventsMaxAge: cfg.EventsMaxAge, DeliveriesMaxAge: cfg.DeliveriesMaxAge,
 		// The embedded server fsyncs every write by default: the bridge's batches then cost one
-		// fsync each (README "Durability"); syncing at an interval, single appends are faster.
+		// fsync each (docs/operations.md, "Durability"); syncing at an interval, single appends are faster.
 		// An external server keeps its streams as they are.
 		AtomicPublish: cfg.NATSURL == "" && cfg.NATSSync.Always, AtomicPublishExact: cfg.NATSURL == ""})
 	if err != nil {

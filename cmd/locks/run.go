@@ -230,7 +230,8 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	log.Info("starting", "version", versionString(), "targets", strings.Join(o.targets, ","),
 		"partitions", o.partitionsString())
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfoGauge(readBuildInfo()))
 	presence, log := newPresence(log, reg)
 	srv := ops.New(cfg.HTTPAddr, reg, log)
 	reg.MustRegister(srv.Readiness(ops.ReadinessReuseDefault))

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -80,4 +81,45 @@ func TestContainerfile(t *testing.T) {
 	if !cgoOff {
 		t.Error("the build does not set CGO_ENABLED=0")
 	}
+}
+
+// The image's labels are the OCI ones, and its default VERSION is the release the changelog
+// names last and the Helm chart's appVersion: one version, in three places a release edits.
+func TestOneVersion(t *testing.T) {
+	cf, err := os.ReadFile("Containerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"title", "version", "revision", "created", "source", "licenses"} {
+		if !strings.Contains(string(cf), "org.opencontainers.image."+l+"=") {
+			t.Errorf("Containerfile has no org.opencontainers.image.%s label", l)
+		}
+	}
+	if !strings.Contains(string(cf), "-X main.version=${VERSION}") {
+		t.Error("Containerfile does not pass VERSION to the binary (-X main.version=${VERSION})")
+	}
+	image := firstMatch(t, string(cf), `(?m)^ARG VERSION=(\S+)$`)
+	chart, err := os.ReadFile("../helm/lock-sensors/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appVersion := firstMatch(t, string(chart), `(?m)^appVersion: "?([^"\s]+)"?$`)
+	changelog, err := os.ReadFile("../../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := firstMatch(t, string(changelog), `(?m)^## \[(\d+\.\d+\.\d+[^\]]*)\]`)
+	if image != release || appVersion != release {
+		t.Errorf("Containerfile VERSION %s, Chart.yaml appVersion %s, CHANGELOG.md's last release %s: want one version",
+			image, appVersion, release)
+	}
+}
+
+func firstMatch(t *testing.T, s, re string) string {
+	t.Helper()
+	m := regexp.MustCompile(re).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("no match for %s", re)
+	}
+	return m[1]
 }

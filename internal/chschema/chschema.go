@@ -35,7 +35,7 @@ var (
 		{"message_id", "String"},
 	},
 		// Collapses a redelivered or replayed reading; partitioned by receive time, never by
-		// the sensor's clock (README "Sensor clocks").
+		// the sensor's clock (docs/contract.md, "Sensor clocks").
 		Engine: "ReplacingMergeTree", PartitionBy: "toYYYYMM(received)",
 		OrderBy: "(sensor_id, received, received_ms, seq)"}
 	Events = Table{Name: "events", Columns: []Column{

@@ -11,7 +11,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/whsign"
 )
 
-// Alerts configures the alerter (LOCKS_ALERT_*; README "Alerts").
+// Alerts configures the alerter (LOCKS_ALERT_*; docs/monitoring.md, "Alerts").
 type Alerts struct {
 	Interval      time.Duration
 	Lag           time.Duration
@@ -51,10 +51,10 @@ func alertSettings() []setting {
 		}
 	}
 	return []setting{
-		{"LOCKS_ALERT_INTERVAL", "10s", "how often the alerter evaluates every alert condition", dur(func(a *Alerts) *time.Duration { return &a.Interval })},
+		{"LOCKS_ALERT_INTERVAL", "10s", "how often the alerter evaluates every alert condition (docs/monitoring.md, Alerts)", dur(func(a *Alerts) *time.Duration { return &a.Interval })},
 		{"LOCKS_ALERT_LAG", "2m", "age of a projection partition's oldest unapplied reading past which projection_lag fires", dur(func(a *Alerts) *time.Duration { return &a.Lag })},
 		{"LOCKS_ALERT_SET_ASIDE_QUIET", "15m", "time without a new set-aside message after which set_aside resolves", dur(func(a *Alerts) *time.Duration { return &a.SetAsideQuiet })},
-		{"LOCKS_ALERT_MASS_LOSS_SHARE", "0.2", "share of the sensors lost together (silent within a minute) past which mass_loss fires", func(c *Config, v string) error {
+		{"LOCKS_ALERT_MASS_LOSS_SHARE", "0.2", "mass_loss fires when more than this share of the sensors (and at least LOCKS_ALERT_MASS_LOSS_MIN) are lost and went silent within one minute of each other", func(c *Config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil || f <= 0 || f >= 1 {
 				return errors.New("must be a number between 0 and 1 (exclusive)")
@@ -63,7 +63,7 @@ func alertSettings() []setting {
 			return nil
 		}},
 		{"LOCKS_ALERT_MASS_LOSS_MIN", "10", "fewest sensors lost together for mass_loss", positive(func(a *Alerts) *int { return &a.MassLossMin })},
-		{"LOCKS_ALERT_SMTP_URL", "", "smtp://user:pass@host:port (STARTTLS when offered) or smtps://… for alert e-mails; empty: none", func(c *Config, v string) error {
+		{"LOCKS_ALERT_SMTP_URL", "", "smtp://user:pass@host:port (STARTTLS when the server offers it) or smtps://... (TLS) for the alert e-mails; empty: no e-mail", func(c *Config, v string) error {
 			if v != "" {
 				u, err := url.Parse(v)
 				if err != nil || (u.Scheme != "smtp" && u.Scheme != "smtps") || u.Hostname() == "" {
@@ -73,7 +73,7 @@ func alertSettings() []setting {
 			c.Alerts.SMTPURL = v
 			return nil
 		}},
-		{"LOCKS_ALERT_EMAIL_TO", "", "comma-separated recipients of the alert e-mails", func(c *Config, v string) error {
+		{"LOCKS_ALERT_EMAIL_TO", "", "comma-separated recipients of the alert e-mails (required with LOCKS_ALERT_SMTP_URL)", func(c *Config, v string) error {
 			c.Alerts.EmailTo = nil
 			if strings.TrimSpace(v) == "" {
 				return nil
@@ -94,7 +94,7 @@ func alertSettings() []setting {
 			c.Alerts.EmailFrom = v
 			return nil
 		}},
-		{"LOCKS_ALERT_WEBHOOK_URL", "", "operator webhook receiving the alerts, signed like client webhooks; empty: none", func(c *Config, v string) error {
+		{"LOCKS_ALERT_WEBHOOK_URL", "", "the operator webhook receiving the alerts, signed like client webhooks; empty: no webhook", func(c *Config, v string) error {
 			if v != "" {
 				u, err := url.Parse(v)
 				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -104,7 +104,7 @@ func alertSettings() []setting {
 			c.Alerts.WebhookURL = v
 			return nil
 		}},
-		{"LOCKS_ALERT_WEBHOOK_SECRET", "", "signing secret (whsec_<base64>) of the operator webhook", func(c *Config, v string) error {
+		{"LOCKS_ALERT_WEBHOOK_SECRET", "", "the operator webhook's whsec_<base64> signing secret (required with LOCKS_ALERT_WEBHOOK_URL)", func(c *Config, v string) error {
 			if v != "" {
 				if _, err := whsign.Signature(v, "", time.Time{}, time.Time{}, "", 0, nil); err != nil {
 					return errors.New("must be whsec_ followed by base64")
@@ -113,7 +113,7 @@ func alertSettings() []setting {
 			c.Alerts.WebhookSecret = v
 			return nil
 		}},
-		{"LOCKS_ALERT_MAX_PER_MINUTE", "20", "most alert notices sent per channel in any minute; the others wait", positive(func(a *Alerts) *int { return &a.MaxPerMinute })},
+		{"LOCKS_ALERT_MAX_PER_MINUTE", "20", "most alert notices sent per channel in any minute; the others wait, in order", positive(func(a *Alerts) *int { return &a.MaxPerMinute })},
 	}
 }
 

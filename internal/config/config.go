@@ -1,4 +1,4 @@
-// Package config holds the process configuration of CONTRACT.md section 4: environment
+// Package config holds the process configuration of docs/contract.md section 4: environment
 // variables named LOCKS_*, each overridable by a kebab-case flag, validated before anything
 // starts so that a bad value is reported as one line naming the variable.
 package config
@@ -167,17 +167,17 @@ func settings() []setting {
 		}
 	}
 	base := []setting{
-		{"LOCKS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL", urlOf("amqp", "amqps")(func(c *Config) *string { return &c.AMQPURL })},
-		{"LOCKS_AMQP_QUEUE", "sensor.readings", "queue the sensors publish to", func(c *Config, v string) error {
+		{"LOCKS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (amqp:// or amqps://)", urlOf("amqp", "amqps")(func(c *Config) *string { return &c.AMQPURL })},
+		{"LOCKS_AMQP_QUEUE", "sensor.readings", "queue the sensors publish to (invalid messages go to <queue>.invalid)", func(c *Config, v string) error {
 			if v == "" {
 				return errors.New("must not be empty")
 			}
 			c.AMQPQueue = v
 			return nil
 		}},
-		{"LOCKS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/locks?sslmode=disable", "Postgres URL", urlOf("postgres", "postgresql")(func(c *Config) *string { return &c.PostgresURL })},
+		{"LOCKS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/locks?sslmode=disable", "PostgreSQL URL; pool_max_conns in it sizes the process's one connection pool (default: LOCKS_PARTITIONS + 8, at least max(4, CPUs))", urlOf("postgres", "postgresql")(func(c *Config) *string { return &c.PostgresURL })},
 		{"LOCKS_CLICKHOUSE_URL", "clickhouse://127.0.0.1:9000/locks", "ClickHouse URL (native protocol)", urlOf("clickhouse", "tcp")(func(c *Config) *string { return &c.ClickHouseURL })},
-		{"LOCKS_CLICKHOUSE_CLUSTER", "", "ClickHouse cluster for replicated, Distributed history tables; empty: one node", func(c *Config, v string) error {
+		{"LOCKS_CLICKHOUSE_CLUSTER", "", "the ClickHouse cluster (a remote_servers name) whose nodes get replicated history tables with Distributed tables over them; empty: one ClickHouse node (docs/operations.md, Databases beyond one node)", func(c *Config, v string) error {
 			if v != "" {
 				if err := chschema.ValidName(v); err != nil {
 					return err
@@ -186,7 +186,7 @@ func settings() []setting {
 			c.ClickHouseCluster = v
 			return nil
 		}},
-		{"LOCKS_NATS_URL", "", "NATS URL; empty runs an embedded server", func(c *Config, v string) error {
+		{"LOCKS_NATS_URL", "", "NATS URL, or a comma list of them; empty: run an embedded NATS server with JetStream", func(c *Config, v string) error {
 			if v == "" {
 				c.NATSURL = ""
 				return nil
@@ -200,13 +200,13 @@ func settings() []setting {
 			c.NATSURL = v
 			return nil
 		}},
-		{"LOCKS_NATS_LISTEN", "127.0.0.1:4222", "address of the embedded NATS server (port 0: any free port)", addr(func(c *Config) *string { return &c.NATSListen })},
-		{"LOCKS_NATS_SYNC", natsx.SyncDefault, `when the embedded NATS server syncs its store to disk: "always" (every write) or an interval such as "2m"`, func(c *Config, v string) error {
+		{"LOCKS_NATS_LISTEN", "127.0.0.1:4222", "where the embedded NATS server listens, so that locks replay and the nats CLI can reach it (port 0: any free port)", addr(func(c *Config) *string { return &c.NATSListen })},
+		{"LOCKS_NATS_SYNC", natsx.SyncDefault, "when the embedded NATS server fsyncs its store: always (every write) or an interval such as 2m (docs/operations.md, Durability)", func(c *Config, v string) error {
 			s, err := natsx.ParseSync(v)
 			c.NATSSync = s
 			return err
 		}},
-		{"LOCKS_NATS_REPLICAS", "1", "replicas of the streams and KV buckets created at start (existing ones keep theirs if higher); 3 or 5 on a NATS cluster", func(c *Config, v string) error {
+		{"LOCKS_NATS_REPLICAS", "1", "replicas (1 to 5) of the streams and KV buckets a start creates (existing ones are raised, never lowered); above 1 needs LOCKS_NATS_URL pointing at a cluster (docs/operations.md, NATS versions and replicas)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 5 {
 				return errors.New("must be an integer from 1 to 5 (JetStream's limit)")
@@ -214,17 +214,17 @@ func settings() []setting {
 			c.NATSReplicas = n
 			return nil
 		}},
-		{"LOCKS_NATS_CREDS", "", "a .creds file (user JWT and nkey seed) for LOCKS_NATS_URL", str(func(c *Config) *string { return &c.NATSAuth.Creds })},
-		{"LOCKS_NATS_NKEY", "", "a file with an nkey user seed for LOCKS_NATS_URL (default with the embedded server: its own, in LOCKS_DATA_DIR)", str(func(c *Config) *string { return &c.NATSAuth.Nkey })},
+		{"LOCKS_NATS_CREDS", "", "a .creds file (user JWT and nkey seed) for LOCKS_NATS_URL (docs/operations.md, NATS access control)", str(func(c *Config) *string { return &c.NATSAuth.Creds })},
+		{"LOCKS_NATS_NKEY", "", "a file holding an nkey user seed for LOCKS_NATS_URL; empty with the embedded server: its own, LOCKS_DATA_DIR/nats-user.nk", str(func(c *Config) *string { return &c.NATSAuth.Nkey })},
 		{"LOCKS_NATS_CA", "", "PEM file of the CAs of the NATS servers' certificates (TLS)", str(func(c *Config) *string { return &c.NATSAuth.CA })},
 		{"LOCKS_NATS_CERT", "", "PEM client certificate for NATS (with LOCKS_NATS_KEY)", str(func(c *Config) *string { return &c.NATSAuth.Cert })},
 		{"LOCKS_NATS_KEY", "", "PEM key of LOCKS_NATS_CERT", str(func(c *Config) *string { return &c.NATSAuth.Key })},
-		{"LOCKS_NATS_DECLARE", "true", "create and update the NATS streams and buckets at start; false only checks they exist (a part's NATS user may not declare)", boolean(func(c *Config) *bool { return &c.NATSDeclare })},
-		{"LOCKS_CLOCK_SKEW_MAX", "5m", "distance between a reading's ts and its receive time beyond which it is counted as a skewed sensor clock", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
-		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state", str(func(c *Config) *string { return &c.DataDir })},
-		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /metrics, /healthz, /readyz", addr(func(c *Config) *string { return &c.HTTPAddr })},
+		{"LOCKS_NATS_DECLARE", "true", "create and update the streams and buckets at start; false only checks they exist (a part's NATS user may not declare)", boolean(func(c *Config) *bool { return &c.NATSDeclare })},
+		{"LOCKS_CLOCK_SKEW_MAX", "5m", "a reading whose ts is further than this from its receive time is counted in locks_bridge_clock_skew_total (docs/contract.md, Sensor clocks)", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
+		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state (the kept API token of go tool task up)", str(func(c *Config) *string { return &c.DataDir })},
+		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /openapi.json, /healthz, /readyz, /metrics and the dashboard at /ui/", addr(func(c *Config) *string { return &c.HTTPAddr })},
 		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},
-		{"LOCKS_API_TOKENS", "", "comma-separated bearer tokens", func(c *Config, v string) error {
+		{"LOCKS_API_TOKENS", "", "comma-separated administrator bearer tokens (16+ characters each); empty: the API refuses every call and says why at start-up", func(c *Config, v string) error {
 			c.APITokens = nil
 			ts := strings.Split(v, ",")
 			for i, t := range ts {
@@ -239,8 +239,8 @@ func settings() []setting {
 			}
 			return nil
 		}},
-		{"LOCKS_LOST_AFTER", "1h", "silence after which a sensor is lost", dur(func(c *Config) *time.Duration { return &c.LostAfter })},
-		{"LOCKS_RETRY_SCHEDULE", "", "comma-separated delays between webhook attempts", func(c *Config, v string) error {
+		{"LOCKS_LOST_AFTER", "1h", "silence after which a sensor is lost (a sensor's own lost_after overrides it)", dur(func(c *Config) *time.Duration { return &c.LostAfter })},
+		{"LOCKS_RETRY_SCHEDULE", "10s,1m,5m,15m,30m,1h,2h,4h,8h", "comma-separated delays between webhook attempts (the default: 10 attempts over about 16 h, with 0-20% jitter added)", func(c *Config, v string) error {
 			if v == "" {
 				c.RetrySchedule = append([]time.Duration(nil), DefaultRetrySchedule...)
 				return nil
@@ -257,7 +257,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_WEBHOOK_TIMEOUT", "10s", "one webhook attempt's timeout", dur(func(c *Config) *time.Duration { return &c.WebhookTimeout })},
-		{"LOCKS_ENDPOINT_DISABLE_AFTER", "24h", "disable a webhook endpoint whose attempts all failed this long (0: never)", func(c *Config, v string) error {
+		{"LOCKS_ENDPOINT_DISABLE_AFTER", "24h", "disable a client's endpoint whose attempts all failed (no 2xx at all) for this long; 0: never (docs/contract.md, Webhook controls)", func(c *Config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
 				return errors.New("not a duration (use e.g. 24h, or 0 for never)")
@@ -265,7 +265,7 @@ func settings() []setting {
 			c.EndpointDisableAfter = d
 			return nil
 		}},
-		{"LOCKS_METRICS_MAX_CLIENTS", "100", "clients with a label of their own in the per-client webhook metrics; the rest are client=\"other\"", func(c *Config, v string) error {
+		{"LOCKS_METRICS_MAX_CLIENTS", "100", "clients with a client label of their own in the per-client webhook metrics; the others are summed under client=\"other\"", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 100_000 {
 				return errors.New("must be an integer from 1 to 100000")
@@ -273,8 +273,8 @@ func settings() []setting {
 			c.MetricsMaxClients = n
 			return nil
 		}},
-		{"LOCKS_WEBHOOK_ALLOW_PRIVATE", "false", "allow webhook URLs on loopback/private addresses", boolean(func(c *Config) *bool { return &c.WebhookAllowPrivate })},
-		{"LOCKS_PARTITIONS", "16", "partitions of the READINGS log (fixed once the stream exists)", func(c *Config, v string) error {
+		{"LOCKS_WEBHOOK_ALLOW_PRIVATE", "false", "allow webhook URLs that resolve to loopback, private or other non-public addresses (the list: docs/contract.md, What is refused or hidden); true for a receiver on this machine", boolean(func(c *Config) *bool { return &c.WebhookAllowPrivate })},
+		{"LOCKS_PARTITIONS", "16", "partitions of the READINGS log; fixed once the stream exists (a start with another count is refused); its flag is --partition-count", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 1024 {
 				return errors.New("must be an integer from 1 to 1024")
@@ -282,7 +282,7 @@ func settings() []setting {
 			c.Partitions = n
 			return nil
 		}},
-		{"LOCKS_LEASE_TTL", "6s", "life of a process's lease on a partition without renewal: a dead process's partitions are taken over after it (see Sharing partitions)", func(c *Config, v string) error {
+		{"LOCKS_LEASE_TTL", "6s", "life of a process's lease on a partition without renewal (1s to 1m): a dead process's partitions are taken over after it plus a third of it (docs/operations.md, Sharing partitions)", func(c *Config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < time.Second || d > time.Minute {
 				return errors.New("must be a duration from 1s to 1m")
@@ -299,9 +299,9 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
-		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's sweep comparing sensor_state with the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
-		{"LOCKS_WATCHDOG_MAX_HOLD", "15m", "longest the watchdog holds an expiry while the pipeline is behind before declaring the sensor lost anyway", dur(func(c *Config) *time.Duration { return &c.WatchdogMaxHold })},
-		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep the address private)", boolean(func(c *Config) *bool { return &c.Pprof })},
+		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's reconciliation sweep between the state projection and the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
+		{"LOCKS_WATCHDOG_MAX_HOLD", "15m", "longest an expiry is held while the pipeline is behind; then the sensor is declared lost anyway", dur(func(c *Config) *time.Duration { return &c.WatchdogMaxHold })},
+		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep that address private)", boolean(func(c *Config) *bool { return &c.Pprof })},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "debug", "info", "warn", "error":

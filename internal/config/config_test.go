@@ -21,7 +21,7 @@ func TestDefaultsMatchContract(t *testing.T) {
 		len(c.APITokens) != 0 || c.LostAfter != time.Hour ||
 		c.WebhookTimeout != 10*time.Second || c.WebhookAllowPrivate ||
 		c.Partitions != 16 || len(c.RetrySchedule) != 9 {
-		t.Fatalf("defaults differ from CONTRACT.md section 4: %+v", c)
+		t.Fatalf("defaults differ from docs/contract.md section 4: %+v", c)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
-// Retention is how long what the system stores is kept (README "Retention").
+// Retention is how long what the system stores is kept (docs/operations.md, "Retention").
 type Retention struct {
 	// ReadingsMaxAge, EventsMaxAge and DeliveriesMaxAge limit the streams' ages; Set when the
 	// variable was given, so that only then a start changes an existing stream's limit.
@@ -39,12 +39,12 @@ func retentionSettings() []setting {
 		}
 	}
 	return []setting{
-		{"LOCKS_READINGS_MAX_AGE", "0", "age after which READINGS drops readings (0: kept for ever; see Retention)", keep(7*24*time.Hour, true, func(c *Config) *time.Duration { return &c.ReadingsMaxAge.Age })},
-		{"LOCKS_EVENTS_MAX_AGE", "0", "age after which the EVENTS stream drops events (0: kept for ever; see Retention)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.EventsMaxAge.Age })},
-		{"LOCKS_DELIVERIES_MAX_AGE", "7d", "age after which the DELIVERIES stream drops attempt records (0: kept for ever)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.DeliveriesMaxAge.Age })},
-		{"LOCKS_NOTIFIER_RETENTION", "7d", "age after which the notifier deletes delivered, superseded and cancelled delivery rows", keep(time.Hour, false, func(c *Config) *time.Duration { return &c.NotifierRetention })},
-		{"LOCKS_NOTIFIER_DEAD_RETENTION", "90d", "age after which the notifier deletes dead-lettered delivery rows not redriven (0: kept until redriven)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.NotifierDeadRetention })},
-		{"LOCKS_HISTORY_RETENTION", "0", "age after which whole months of ClickHouse history are dropped (0: kept for ever)", keep(31*24*time.Hour, true, func(c *Config) *time.Duration { return &c.HistoryRetention })},
+		{"LOCKS_READINGS_MAX_AGE", "0", "age after which READINGS drops readings; 0: kept for ever; else at least 7d and more than LOCKS_LOST_AFTER (docs/operations.md, Retention: what a rebuild then needs)", keep(7*24*time.Hour, true, func(c *Config) *time.Duration { return &c.ReadingsMaxAge.Age })},
+		{"LOCKS_EVENTS_MAX_AGE", "0", "age after which EVENTS drops events; 0: kept for ever; else at least 1d", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.EventsMaxAge.Age })},
+		{"LOCKS_DELIVERIES_MAX_AGE", "7d", "age after which DELIVERIES drops webhook attempt records; at least 1d; 0: kept for ever", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.DeliveriesMaxAge.Age })},
+		{"LOCKS_NOTIFIER_RETENTION", "7d", "the notifier deletes delivered, superseded and cancelled delivery rows this long after their last change (at least 1h)", keep(time.Hour, false, func(c *Config) *time.Duration { return &c.NotifierRetention })},
+		{"LOCKS_NOTIFIER_DEAD_RETENTION", "90d", "the notifier deletes dead-lettered rows not redriven this long after they died (at least 1d; 0: kept until redriven)", keep(24*time.Hour, true, func(c *Config) *time.Duration { return &c.NotifierDeadRetention })},
+		{"LOCKS_HISTORY_RETENTION", "0", "the history projector drops whole months of ClickHouse history that ended longer ago than this; 0: kept for ever; else at least 31d", keep(31*24*time.Hour, true, func(c *Config) *time.Duration { return &c.HistoryRetention })},
 	}
 }
 

@@ -72,7 +72,7 @@ func DecodeLog(b []byte) (Log, error) {
 	return m, nil
 }
 
-// Event is one EVENTS message. Its JSON is the webhook body of CONTRACT.md section 2 minus
+// Event is one EVENTS message. Its JSON is the webhook body of docs/contract.md section 2 minus
 // the sensor's address (read afresh at delivery), plus what the notifier and history need.
 type Event struct {
 	V            int       `json:"v"`

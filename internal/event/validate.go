@@ -36,7 +36,7 @@ const (
 // below it, while a forged 2^62 (meant to supersede every later real event) does not.
 const MaxRevision = 1 << 40
 
-// MaxSensorID is the longest sensor id of CONTRACT.md section 1.
+// MaxSensorID is the longest sensor id of docs/contract.md section 1.
 const MaxSensorID = 16
 
 // InvalidError says why a log message was refused.
@@ -64,7 +64,7 @@ func ReasonOf(err error) string {
 	return ""
 }
 
-// ValidSensorID reports whether id is 1 to 16 ASCII letters and digits (CONTRACT.md).
+// ValidSensorID reports whether id is 1 to 16 ASCII letters and digits (docs/contract.md).
 func ValidSensorID(id string) bool {
 	if len(id) == 0 || len(id) > MaxSensorID {
 		return false

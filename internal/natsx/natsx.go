@@ -79,7 +79,7 @@ type Sync struct {
 	Interval time.Duration
 }
 
-// SyncDefault is LOCKS_NATS_SYNC's default; README "Durability" gives the figures behind it.
+// SyncDefault is LOCKS_NATS_SYNC's default; docs/operations.md, "Durability", gives the figures behind it.
 const SyncDefault = "always"
 
 // ParseSync reads "always" or a duration such as "2m" (at least 1ms).

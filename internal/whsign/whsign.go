@@ -1,4 +1,4 @@
-// Package whsign signs webhooks the Standard Webhooks way (CONTRACT.md section 2): the
+// Package whsign signs webhooks the Standard Webhooks way (docs/contract.md section 2): the
 // notifier's client webhooks and the alerter's operator webhook share it, so both verify alike.
 package whsign
 
@@ -29,7 +29,7 @@ func secretKey(secret string) ([]byte, error) {
 	return k, nil
 }
 
-// Signature is the webhook-signature header of CONTRACT.md section 2 (Standard Webhooks):
+// Signature is the webhook-signature header of docs/contract.md section 2 (Standard Webhooks):
 // "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>", and during a rotation, while
 // previousUntil is after now, the previous secret's signature too, space-separated.
 func Signature(secret, previous string, previousUntil time.Time, now time.Time, id string, ts int64, body []byte) (string, error) {

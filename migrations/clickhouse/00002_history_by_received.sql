@@ -5,7 +5,7 @@
 -- ts: one sensor sending ts in 101 months made every INSERT of its batch touch 101 partitions,
 -- which current ClickHouse refuses ("Too many partitions for single INSERT block"), and the
 -- history projector retried that batch for ever, stopping every sensor's history. `time` keeps
--- the sensor's ts (what the API filters on, CONTRACT.md section 3).
+-- the sensor's ts (what the API filters on, docs/contract.md section 3).
 --
 -- Events gain `received`: when the event was stored in EVENTS (server time). Rows copied from
 -- the old table take their occurred_at, the only time they have (DEFAULT).

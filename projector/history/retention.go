@@ -33,7 +33,7 @@ func (h *Projector) retain(ctx context.Context) {
 // dropExpired drops every partition (month) of the history tables that ended, a day of time
 // zone slack included, more than Retention before now, and returns them as table/partition.
 // A Distributed table of a cluster has no parts of its own, so nothing is dropped there: a
-// cluster uses a TTL clause instead (README "Retention").
+// cluster uses a TTL clause instead (docs/operations.md, "Retention").
 func (h *Projector) dropExpired(ctx context.Context, now time.Time) ([]string, error) {
 	var names []string
 	for _, t := range tables {

@@ -209,7 +209,7 @@ func readStateEvents(t testing.TB, js jetstream.JetStream) []event.Event {
 	return out
 }
 
-// The model: an independent, plain rendering of the rules of CONTRACT.md section 2.
+// The model: an independent, plain rendering of the rules of docs/contract.md section 2.
 
 type stateModelRow struct {
 	Partition       int

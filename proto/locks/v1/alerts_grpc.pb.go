@@ -26,7 +26,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// AlertService lists the alerts to the administrator (README "Alerts"): each fires once per
+// AlertService lists the alerts to the administrator (docs/monitoring.md, "Alerts"): each fires once per
 // (kind, subject) until its condition ends, and is then resolved; its notices go by e-mail
 // and operator webhook.
 type AlertServiceClient interface {
@@ -56,7 +56,7 @@ func (c *alertServiceClient) ListAlerts(ctx context.Context, in *ListAlertsReque
 // All implementations must embed UnimplementedAlertServiceServer
 // for forward compatibility.
 //
-// AlertService lists the alerts to the administrator (README "Alerts"): each fires once per
+// AlertService lists the alerts to the administrator (docs/monitoring.md, "Alerts"): each fires once per
 // (kind, subject) until its condition ends, and is then resolved; its notices go by e-mail
 // and operator webhook.
 type AlertServiceServer interface {
