@@ -5,7 +5,6 @@ module github.com/lock-sensors/lock-sensors/deploy/helm
 go 1.26.8
 
 require (
-	helm.sh/helm/v3 v3.22.0
 	k8s.io/api v0.37.0
 	sigs.k8s.io/yaml v1.6.0
 )
@@ -105,6 +104,7 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
+	helm.sh/helm/v3 v3.22.0 // indirect
 	k8s.io/apiextensions-apiserver v0.37.0 // indirect
 	k8s.io/apimachinery v0.37.0 // indirect
 	k8s.io/apiserver v0.37.0 // indirect
