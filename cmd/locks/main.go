@@ -38,6 +38,7 @@ usage:
   locks migrate [flags]
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
+  locks healthcheck [--path=/readyz]   (exit 0 when the process at LOCKS_HTTP_ADDR is ready)
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
@@ -54,6 +55,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "locks", versionString())
 		return 0
+	case "healthcheck":
+		return runHealthcheck(args, getenv, stdout, stderr)
 	case "run", "migrate", "loadgen", "replay":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
