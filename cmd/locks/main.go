@@ -36,6 +36,7 @@ usage:
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
   locks config --markdown
+  locks healthcheck [--path=/readyz]   (exit 0 when the process at LOCKS_HTTP_ADDR is ready)
   locks version
 
 The admin API (LOCKS_API_URL, LOCKS_API_TOKEN; default the local "go tool task up"):
@@ -65,6 +66,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 0
 	case "config":
 		return runConfig(args, stdout, stderr)
+	case "healthcheck":
+		return runHealthcheck(args, getenv, stdout, stderr)
 	case "run", "migrate", "loadgen", "replay":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -116,12 +117,39 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 		"LOCKS_API_TOKENS=test-token-0123456789",
 		"LOCKS_PARTITIONS=4",
 	}, "run", "--targets=all")
+	// As systemd runs a Type=notify unit (deploy/systemd): the states arrive on NOTIFY_SOCKET.
+	sock := filepath.Join(t.TempDir(), "notify")
+	notifyConn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { notifyConn.Close() })
+	states := make(chan string, 8)
+	go func() {
+		buf := make([]byte, 256)
+		for {
+			n, err := notifyConn.Read(buf)
+			if err != nil {
+				return
+			}
+			states <- string(buf[:n])
+		}
+	}()
+	cmd.Env = append(cmd.Env, "NOTIFY_SOCKET="+sock)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	select {
+	case s := <-states:
+		if s != "READY=1" {
+			t.Fatalf("first sd_notify state %q, want READY=1", s)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no READY=1 on NOTIFY_SOCKET within 60 s; log:\n%s", stderr.String())
+	}
 
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -157,6 +185,14 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatalf("locks run did not stop within 20 s of SIGTERM; log:\n%s", stderr.String())
+	}
+	select {
+	case s := <-states:
+		if s != "STOPPING=1" {
+			t.Errorf("sd_notify state after SIGTERM %q, want STOPPING=1", s)
+		}
+	default:
+		t.Error("no STOPPING=1 on NOTIFY_SOCKET after SIGTERM")
 	}
 	if !strings.Contains(stderr.String(), "stopped cleanly") {
 		t.Fatalf("no clean stop in the log:\n%s", stderr.String())

@@ -31,6 +31,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
+	"github.com/lock-sensors/lock-sensors/internal/sdnotify"
 	"github.com/lock-sensors/lock-sensors/migrations"
 	"github.com/lock-sensors/lock-sensors/notifier"
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
@@ -365,6 +366,9 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		})
 	}
 	log.Info("running", "parts", strings.Join(names, ","), "http", ln.Addr().String())
+	// Migrated, connected, streams checked, parts started: a Type=notify unit (deploy/systemd)
+	// is started now, and the units ordered after it may start.
+	notify(sdnotify.Ready, log)
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
@@ -377,6 +381,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	case <-ctx.Done():
 	}
 	log.Info("stopping", "grace", shutdownGrace)
+	notify(sdnotify.Stopping, log)
 	select {
 	case err := <-done:
 		if err != nil {
@@ -417,4 +422,12 @@ func newAlerter(d deps) (runner, error) {
 		MassLossShare: a.MassLossShare, MassLossMin: a.MassLossMin, SMTPURL: a.SMTPURL, EmailTo: a.EmailTo, EmailFrom: a.EmailFrom,
 		WebhookURL: a.WebhookURL, WebhookSecret: a.WebhookSecret, MaxPerMinute: a.MaxPerMinute},
 		alerter.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Projections: rb})
+}
+
+// notify tells systemd the process's state when it runs as a Type=notify service; a failure
+// only costs systemd's view of it, so it is logged, not fatal.
+func notify(state string, log *slog.Logger) {
+	if _, err := sdnotify.FromEnv(state); err != nil {
+		log.Warn("sd_notify", "state", state, "socket", os.Getenv(sdnotify.SocketEnv), "err", err)
+	}
 }

@@ -24,6 +24,11 @@ type service struct {
 	DependsOn   map[string]struct{ Condition string } `yaml:"depends_on"`
 	Volumes     []string
 	EnvFile     []string `yaml:"env_file"`
+	Profiles    []string
+	Healthcheck struct {
+		Test    []string
+		Disable bool
+	}
 }
 
 type file struct {
@@ -103,12 +108,12 @@ func TestComposeTopology(t *testing.T) {
 			}
 		}
 	}
-	// Every ${VAR} compose substitutes is in the example .env, so a copy of it starts.
+	// Every ${VAR} compose requires (${VAR:?…}) is in the example .env, so a copy of it starts.
 	ex, err := os.ReadFile("example.env")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range regexp.MustCompile(`\$\{([A-Z_0-9]+)`).FindAllStringSubmatch(raw, -1) {
+	for _, m := range regexp.MustCompile(`\$\{([A-Z_0-9]+)(:\?|\})`).FindAllStringSubmatch(raw, -1) {
 		if !regexp.MustCompile(`(?m)^` + m[1] + `=`).Match(ex) {
 			t.Errorf("compose.yaml uses ${%s}, which example.env does not set", m[1])
 		}

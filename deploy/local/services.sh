@@ -28,6 +28,8 @@ missing=()
 for pkg in postgresql rabbitmq-server clickhouse-server clickhouse-client chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# docker-compose validates deploy/compose/compose.yaml (docker-compose config, no daemon).
+dpkg-query -W -f='${Status}' docker-compose 2>/dev/null | grep -q "install ok installed" || missing+=(docker-compose)
 # promtool (in Debian's prometheus package) checks deploy/prometheus/alerts.yml in the tests.
 dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed" || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then

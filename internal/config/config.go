@@ -350,6 +350,10 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		if set[FlagName(s.env)] {
 			v, name, given[s.env] = *flags[s.env], "--"+FlagName(s.env), true
 		}
+		if placeholder(s.env, v) {
+			return Config{}, &Error{Var: name, Value: shown(s.env, v),
+				Reason: "holds the placeholder CHANGE_ME of an example file: set the real secret"}
+		}
 		if err := s.set(&c, v); err != nil {
 			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}

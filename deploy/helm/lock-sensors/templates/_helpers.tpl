@@ -36,3 +36,41 @@ app.kubernetes.io/component: {{ .part }}
 {{- end -}}
 {{- join "," $urls -}}
 {{- end -}}
+
+{{- define "lock-sensors.natsAccountsName" -}}
+{{- .Values.natsAccounts.name | default (printf "%s-nats-accounts" (include "lock-sensors.fullname" .)) -}}
+{{- end -}}
+
+{{- define "lock-sensors.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The config values that are set, as env entries. */}}
+{{- define "lock-sensors.configEnv" -}}
+{{- range $k, $v := .Values.config }}
+{{- if ne (toString $v) "" }}
+- {name: {{ $k }}, value: {{ toString $v | quote }}}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A variable from the chart's Secret: dict "ctx" $ "key" name "optional" bool. */}}
+{{- define "lock-sensors.secretEnv" -}}
+- name: {{ .key }}
+  valueFrom: {secretKeyRef: {name: {{ include "lock-sensors.secretName" .ctx }}, key: {{ .key }}{{ if .optional }}, optional: true{{ end }}}}
+{{- end -}}
+
+{{/* What each part needs besides NATS (cmd/locks/run.go); history migrates ClickHouse under a
+     Postgres lock, so it gets Postgres too; the watchdog reads the RabbitMQ queue's depth. */}}
+{{- define "lock-sensors.needs" -}}
+{{- $n := dict
+  "bridge" (list "rabbitmq")
+  "state" (list "postgres")
+  "history" (list "postgres" "clickhouse")
+  "notifier" (list "postgres" "webhooks")
+  "watchdog" (list "postgres" "rabbitmq")
+  "api" (list "postgres" "clickhouse")
+  "alerter" (list "postgres" "clickhouse" "webhooks")
+  "migrate" (list "postgres" "clickhouse") -}}
+{{- get $n . | toJson -}}
+{{- end -}}
