@@ -2,7 +2,6 @@ package notifier
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,14 +24,7 @@ func TestNotifierLostPullAnswerKeepsOrder(t *testing.T) {
 	e.subscribe("c1", "s1")
 	proxy := testenv.NewNATSProxy(t, e.nats.URL)
 	prefix := fmt.Sprintf("$JS.ACK.%s.notifier-%d.", natsx.EventsStream, partition.Of("s1", testPartitions))
-	deliveries := 0 // counted under the proxy's lock
-	dropped := proxy.DropOne(func(_, reply string) bool {
-		if !strings.HasPrefix(reply, prefix) {
-			return false
-		}
-		deliveries++
-		return deliveries == 3
-	})
+	dropped := proxy.DropNth(prefix, 3)
 	e.startOn(testenv.JetStream(t, proxy.URL, "notifier"))
 	const revs = 8
 	for rev := int64(1); rev <= 3; rev++ {

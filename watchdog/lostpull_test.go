@@ -3,7 +3,6 @@ package watchdog
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -28,14 +27,7 @@ func TestWatchdogLostPullAnswerSkipsNoReading(t *testing.T) {
 		}
 	}
 	prefix := fmt.Sprintf("$JS.ACK.%s.%s-%d.", natsx.ReadingsStream, DurableDefault, p)
-	deliveries := 0 // counted under the proxy's lock
-	dropped := proxy.DropOne(func(_, reply string) bool {
-		if !strings.HasPrefix(reply, prefix) {
-			return false
-		}
-		deliveries++
-		return deliveries == 3
-	})
+	dropped := proxy.DropNth(prefix, 3)
 	e.startOn(Config{LostAfter: time.Minute}, testenv.JetStream(t, proxy.URL, "watchdog"))
 	want := map[string]uint64{} // sensor → the stream sequence of its one reading
 	for i, id := range sensors {

@@ -337,28 +337,7 @@ func (r *run) finish() result {
 // and the webhooks received, moved on; from their first move until the first move at or
 // after end (the load's end: nothing moves once everything is in).
 func (r *run) stalls(end time.Time) (state, hooks time.Duration) {
-	r.mu.Lock()
-	s := slices.Clone(r.samples)
-	r.mu.Unlock()
-	longest := func(moved func(a, b sample) bool) time.Duration {
-		var last time.Time
-		var worst time.Duration
-		for i := 1; i < len(s); i++ {
-			if !moved(s[i-1], s[i]) {
-				continue
-			}
-			if !last.IsZero() {
-				worst = max(worst, s[i].at.Sub(last))
-			}
-			last = s[i].at
-			if !last.Before(end) {
-				break
-			}
-		}
-		return worst
-	}
-	return longest(func(a, b sample) bool { return b.committed.After(a.committed) }),
-		longest(func(a, b sample) bool { return b.webhooks > a.webhooks })
+	return r.stallsWithin(time.Time{}, end)
 }
 
 // stallsWithin are the longest spans without progress of the committed readings and of

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -62,6 +63,19 @@ func (p *NATSProxy) DropOne(match func(subject, reply string) bool) <-chan strin
 	p.drops = append(p.drops, d)
 	p.mu.Unlock()
 	return d.done
+}
+
+// DropNth arms the proxy to lose the n-th message (from 1) whose reply subject starts with
+// prefix: for a JetStream consumer "$JS.ACK.<stream>.<consumer>.", its n-th delivery.
+func (p *NATSProxy) DropNth(prefix string, n int) <-chan string {
+	seen := 0 // counted under p.mu, where take calls the match
+	return p.DropOne(func(_, reply string) bool {
+		if !strings.HasPrefix(reply, prefix) {
+			return false
+		}
+		seen++
+		return seen == n
+	})
 }
 
 // take reports whether a message is to be dropped, disarming the drop that matched.

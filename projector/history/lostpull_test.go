@@ -2,7 +2,6 @@ package history
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,14 +20,7 @@ func TestHistoryLostPullAnswerWritesEveryReading(t *testing.T) {
 	logs := historyReadings(1, 8, time.Now().UTC().Truncate(time.Second), 0) // sensor s0 only
 	p := partition.Of("s0", historyPartitions)
 	prefix := fmt.Sprintf("$JS.ACK.%s.%s.", natsx.ReadingsStream, readingsConsumer(DurableDefault, p))
-	deliveries := 0 // counted under the proxy's lock
-	dropped := proxy.DropOne(func(_, reply string) bool {
-		if !strings.HasPrefix(reply, prefix) {
-			return false
-		}
-		deliveries++
-		return deliveries == 3
-	})
+	dropped := proxy.DropNth(prefix, 3)
 	cfg := historyTestConfig()
 	cfg.AckWait = time.Minute
 	runHistory(t, cfg, testenv.JetStream(t, proxy.URL, "history"), e.ch)

@@ -2,7 +2,6 @@ package state
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,14 +20,7 @@ func TestStateLostPullAnswerAppliesInOrder(t *testing.T) {
 	proxy := testenv.NewNATSProxy(t, e.nats.URL)
 	p := partition.Of("s1", e.n)
 	prefix := fmt.Sprintf("$JS.ACK.%s.%s.", natsx.ReadingsStream, consumerName(p))
-	deliveries := 0 // counted under the proxy's lock
-	dropped := proxy.DropOne(func(_, reply string) bool {
-		if !strings.HasPrefix(reply, prefix) {
-			return false
-		}
-		deliveries++
-		return deliveries == 3
-	})
+	dropped := proxy.DropNth(prefix, 3)
 	e.runState(t, testenv.JetStream(t, proxy.URL, "state"), partition.All(e.n))
 	var pub statePublished
 	const readings = 8
