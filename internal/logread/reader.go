@@ -123,6 +123,9 @@ func (r *Reader) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Kept before the durable is deleted: should its creation fail, the next try starts
+	// here, not from a consumer (and its ack floor) that is gone.
+	r.next = start
 	if r.spec.Durable != "" {
 		// A durable is recreated rather than updated: what it had delivered and not acked
 		// (to a crashed predecessor, or lost in flight) comes at once, not after AckWait.

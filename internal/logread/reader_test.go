@@ -1,6 +1,7 @@
 package logread
 
 import (
+	"github.com/nats-io/nats.go/jetstream"
 	"strconv"
 	"testing"
 	"time"
@@ -90,5 +91,58 @@ func TestReaderInOrderThroughLostConsumer(t *testing.T) {
 			t.Errorf("%s: after the end: %d messages, %v", c.name, len(msgs), err)
 		}
 		r.Close(t.Context())
+	}
+}
+
+// A durable reader hands out a contiguous run only: when a delivery is lost in flight, what
+// came after it is discarded and the consumer is recreated right after the last message
+// returned, so every message comes once and in order, at once rather than after AckWait; the
+// broken run is reported.
+func TestDurableReaderRepairsALostDelivery(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	dropped := proxy.DropNth("$JS.ACK."+natsx.ReadingsStream+".dur.", 5)
+	var gaps []string
+	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
+		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
+		OnGap: func(reason string) { gaps = append(gaps, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < 20 && time.Now().Before(deadline) {
+		msgs, err := r.Fetch(t.Context(), 7, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			md, _ := m.Metadata()
+			got = append(got, md.Sequence.Stream)
+			_ = m.Ack()
+		}
+	}
+	select {
+	case <-dropped:
+	default:
+		t.Fatal("the proxy lost nothing: the test shows nothing")
+	}
+	for i, seq := range got {
+		if seq != uint64(i+1) {
+			t.Fatalf("sequences %v: want 1..20 once each, in order", got)
+		}
+	}
+	if len(got) != 20 || len(gaps) != 1 {
+		t.Fatalf("%d messages (want 20), broken runs reported %q (want one)", len(got), gaps)
 	}
 }
