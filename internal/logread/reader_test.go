@@ -1,10 +1,11 @@
 package logread
 
 import (
-	"github.com/nats-io/nats.go/jetstream"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
