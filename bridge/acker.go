@@ -155,6 +155,9 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 			select {
 			case ack = <-it.future.Ok():
 			case err = <-it.future.Err():
+			case <-it.lost:
+				// Its ack went to the lost connection: retried now, not after PublishTimeout.
+				err = errConnLost
 			case <-ctx.Done():
 				return ctx.Err()
 			}

@@ -46,11 +46,25 @@ type batcher struct {
 	m       *metrics
 	timeout time.Duration
 	// ctx is the session's drain context: batches go on while the acker drains.
-	ctx context.Context
+	ctx  context.Context
+	loss *connLoss
 }
 
-func newBatcher(ctx context.Context, js jetstream.JetStream, m *metrics, timeout time.Duration) *batcher {
-	return &batcher{js: js, in: make(chan *batched, natsx.MaxAtomicBatch), m: m, timeout: timeout, ctx: ctx}
+func newBatcher(ctx context.Context, js jetstream.JetStream, m *metrics, timeout time.Duration, loss *connLoss) *batcher {
+	return &batcher{js: js, in: make(chan *batched, natsx.MaxAtomicBatch), m: m, timeout: timeout, ctx: ctx, loss: loss}
+}
+
+// afterClose calls f when ch is closed, until the returned stop is called.
+func afterClose(ch <-chan struct{}, f func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			f()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
 }
 
 // add queues msg for the next batch; it blocks while a full batch waits to be sent.
@@ -101,7 +115,12 @@ func (bt *batcher) commit(batch []*batched) {
 	for i, p := range batch {
 		msgs[i] = &nats.Msg{Subject: p.msg.Subject, Data: p.msg.Data, Header: maps.Clone(p.msg.Header)}
 	}
-	ack, err := natsx.PublishAtomic(bt.ctx, bt.js, msgs, bt.timeout)
+	// A batch whose connection is lost fails at once: its readings are retried alone.
+	ctx, cancel := context.WithCancel(bt.ctx)
+	defer cancel()
+	stop := afterClose(bt.loss.current(), cancel)
+	ack, err := natsx.PublishAtomic(ctx, bt.js, msgs, bt.timeout)
+	stop()
 	if err != nil {
 		bt.m.batchFailures.Inc()
 		for _, p := range batch {

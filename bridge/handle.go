@@ -31,9 +31,11 @@ type item struct {
 	tag   uint64
 	start time.Time
 	// One of: a reading's append (msg, and future or pubErr), or an invalid message's confirm.
-	msg     *nats.Msg
-	future  appendFuture
-	pubErr  error
+	msg    *nats.Msg
+	future appendFuture
+	pubErr error
+	// lost is closed when the NATS connection the append went out on is lost.
+	lost    <-chan struct{}
 	confirm *amqp.DeferredConfirmation
 	reason  string
 	// dup: a redelivered reading an earlier session had appended; it is acked, not appended.
@@ -120,6 +122,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	it.done = make(chan struct{})
 	ord.track(r.SensorID, it.done)
 	it.msg = msg
+	it.lost = b.loss.current()
 	it.future, it.pubErr = appendMsg(msg)
 	return it
 }

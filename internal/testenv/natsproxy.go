@@ -23,6 +23,7 @@ type NATSProxy struct {
 	mu    sync.Mutex
 	drops []*drop
 	conns []net.Conn
+	held  bool // messages from the server are lost while held
 }
 
 type drop struct {
@@ -78,10 +79,32 @@ func (p *NATSProxy) DropNth(prefix string, n int) <-chan string {
 	})
 }
 
+// Hold loses every message the server sends (MSG and HMSG; the protocol's other lines still
+// pass) while on: the answers to what a part sends then never reach it.
+func (p *NATSProxy) Hold(on bool) {
+	p.mu.Lock()
+	p.held = on
+	p.mu.Unlock()
+}
+
+// Cut closes every connection through the proxy, as the death of the NATS node would; the
+// parts reconnect through it.
+func (p *NATSProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
 // take reports whether a message is to be dropped, disarming the drop that matched.
 func (p *NATSProxy) take(subject, reply string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.held {
+		return true
+	}
 	for i, d := range p.drops {
 		if d.match(subject, reply) {
 			p.drops = append(p.drops[:i], p.drops[i+1:]...)
