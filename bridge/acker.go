@@ -157,7 +157,7 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 			case err = <-it.future.Err():
 			case <-it.lost:
 				// Its ack went to the lost connection: retried now, not after PublishTimeout.
-				err = errConnLost
+				err = natsx.ErrConnLost
 			case <-ctx.Done():
 				return ctx.Err()
 			}

@@ -46,25 +46,11 @@ type batcher struct {
 	m       *metrics
 	timeout time.Duration
 	// ctx is the session's drain context: batches go on while the acker drains.
-	ctx  context.Context
-	loss *connLoss
+	ctx context.Context
 }
 
-func newBatcher(ctx context.Context, js jetstream.JetStream, m *metrics, timeout time.Duration, loss *connLoss) *batcher {
-	return &batcher{js: js, in: make(chan *batched, natsx.MaxAtomicBatch), m: m, timeout: timeout, ctx: ctx, loss: loss}
-}
-
-// afterClose calls f when ch is closed, until the returned stop is called.
-func afterClose(ch <-chan struct{}, f func()) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-ch:
-			f()
-		case <-done:
-		}
-	}()
-	return func() { close(done) }
+func newBatcher(ctx context.Context, js jetstream.JetStream, m *metrics, timeout time.Duration) *batcher {
+	return &batcher{js: js, in: make(chan *batched, natsx.MaxAtomicBatch), m: m, timeout: timeout, ctx: ctx}
 }
 
 // add queues msg for the next batch; it blocks while a full batch waits to be sent.
@@ -116,11 +102,9 @@ func (bt *batcher) commit(batch []*batched) {
 		msgs[i] = &nats.Msg{Subject: p.msg.Subject, Data: p.msg.Data, Header: maps.Clone(p.msg.Header)}
 	}
 	// A batch whose connection is lost fails at once: its readings are retried alone.
-	ctx, cancel := context.WithCancel(bt.ctx)
-	defer cancel()
-	stop := afterClose(bt.loss.current(), cancel)
+	ctx, cancel := natsx.UntilLost(bt.ctx, bt.js.Conn())
 	ack, err := natsx.PublishAtomic(ctx, bt.js, msgs, bt.timeout)
-	stop()
+	cancel()
 	if err != nil {
 		bt.m.batchFailures.Inc()
 		for _, p := range batch {

@@ -34,8 +34,6 @@ type Bridge struct {
 	skew *clockSkew
 	// lastRetryLog is only touched by the acker goroutine.
 	lastRetryLog time.Time
-	// loss tells appends in flight that their NATS connection went away.
-	loss *connLoss
 }
 
 // New checks cfg and deps and builds a bridge; nothing is dialled until Run.
@@ -63,7 +61,7 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bridge{cfg: cfg, js: js, log: deps.Logger.With("part", "bridge"), m: m, skew: skew, loss: newConnLoss()}, nil
+	return &Bridge{cfg: cfg, js: js, log: deps.Logger.With("part", "bridge"), m: m, skew: skew}, nil
 }
 
 // errStandby: another bridge is the queue's consumer.
@@ -72,7 +70,6 @@ var errStandby = errors.New("another bridge consumes the queue")
 // Run consumes until ctx is done, reconnecting to RabbitMQ with backoff, or standing by while
 // another bridge consumes the queue. It returns nil after a clean stop.
 func (b *Bridge) Run(ctx context.Context) error {
-	go b.loss.watch(ctx, b.js.Conn())
 	wait := backoff.New(b.cfg.ReconnectMin, b.cfg.ReconnectMax)
 	standby := false
 	for {

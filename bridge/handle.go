@@ -122,7 +122,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	it.done = make(chan struct{})
 	ord.track(r.SensorID, it.done)
 	it.msg = msg
-	it.lost = b.loss.current()
+	it.lost = natsx.Lost(b.js.Conn())
 	it.future, it.pubErr = appendMsg(msg)
 	return it
 }

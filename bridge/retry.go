@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 // retryPolicy spaces the retries of an append or a session record while NATS is away.
@@ -44,8 +45,11 @@ func (b *Bridge) republish(ctx context.Context, msg *nats.Msg, first error) (*je
 				"subject", msg.Subject, "attempt", attempt, "err", err)
 		}
 		pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+		// Sent just before the connection was found dead, its ack would never come.
+		pctx, cancelLost := natsx.UntilLost(pctx, b.js.Conn())
 		var ack *jetstream.PubAck
 		ack, err = b.js.PublishMsg(pctx, msg)
+		cancelLost()
 		cancel()
 		if err == nil {
 			return ack, nil

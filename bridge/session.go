@@ -167,7 +167,7 @@ func (b *Bridge) appender(ctx, dctx context.Context) (appender, error) {
 	if !atomic {
 		return func(msg *nats.Msg) (appendFuture, error) { return b.js.PublishMsgAsync(msg) }, nil
 	}
-	bt := newBatcher(dctx, b.js, &b.m, b.cfg.PublishTimeout, b.loss)
+	bt := newBatcher(dctx, b.js, &b.m, b.cfg.PublishTimeout)
 	go bt.run()
 	return bt.add, nil
 }

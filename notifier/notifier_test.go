@@ -188,7 +188,9 @@ func TestRegistryChangesBetweenAttempts(t *testing.T) {
 // is back it gets 3 (or 2 then 3), never an older revision after a newer one.
 func TestSupersedeWhileDown(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond)
+	// Revision 1's retry waits 2 s: on a loaded machine, 2 and 3 are surely taken in (and
+	// supersede it) first, which is what the test is about.
+	e := newEnv(t, 2*time.Second, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond)
 	var up atomic.Bool
 	rc := newReceiver(t, func(int, http.ResponseWriter, *http.Request) int {
 		if up.Load() {

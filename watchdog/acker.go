@@ -61,6 +61,7 @@ func (w *Watchdog) storeRefresh(ctx context.Context, pd pending) error {
 		case <-pd.fut.Ok():
 			return nil
 		case <-pd.fut.Err():
+		case <-pd.lost: // its ack went to the lost connection: published again below
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -94,6 +94,8 @@ type pending struct {
 	ttl      time.Duration
 	storedNS int64
 	seq      uint64
+	// lost is closed when the connection fut's ack is to come on is lost.
+	lost <-chan struct{}
 }
 
 // consumeWith reads spec's consumer, starts each needed refresh asynchronously and hands
@@ -159,6 +161,7 @@ func (w *Watchdog) handOver(ctx context.Context, msg jetstream.Msg, ps *partStat
 		w.m.coalesced.Inc()
 	case l.Kind == event.KindReading:
 		pd.put, pd.ttl = w.refreshMsg(l.SensorID, l.ReceivedTime, md.Sequence.Stream, time.Now())
+		pd.lost = natsx.Lost(w.js.Conn())
 		pd.fut, err = w.js.PublishMsgAsync(pd.put, jetstream.WithMsgTTL(pd.ttl))
 		if err != nil {
 			pd.fut = nil // the acker publishes it synchronously, with retries

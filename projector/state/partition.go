@@ -76,7 +76,9 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 			// reply (NATS restarting) must not hold the partition: the checkpoint makes a
 			// missing ack harmless.
 			ackCtx, ackCancel := context.WithTimeout(actx, 5*time.Second)
+			ackCtx, lostCancel := natsx.UntilLost(ackCtx, s.js.Conn())
 			aerr := msgs[len(msgs)-1].DoubleAck(ackCtx)
+			lostCancel()
 			ackCancel()
 			if aerr != nil {
 				w.log.Debug("ack batch; the consumer will be recreated from the checkpoint", "err", aerr)
