@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/alerter"
@@ -288,10 +286,12 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		srv.AddCheck("clickhouse", func(ctx context.Context) error { return migrations.ClickHouseReady(ctx, conn) })
 	}
 	if o.any(needsAMQP) {
-		srv.AddCheck("rabbitmq", func(ctx context.Context) error { return amqpReachable(ctx, cfg.AMQPURL) })
-		if err := amqpReachable(ctx, cfg.AMQPURL); err != nil {
+		probe := newAMQPProbe(cfg.AMQPURL)
+		defer probe.Close()
+		if err := probe.Check(ctx); err != nil {
 			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), err)
 		}
+		srv.AddCheck("rabbitmq", probe.Check)
 	}
 
 	natsURL := cfg.NATSURL
@@ -386,19 +386,6 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	case <-time.After(shutdownGrace):
 		return fmt.Errorf("parts did not stop within %s", shutdownGrace)
 	}
-}
-
-func amqpReachable(ctx context.Context, u string) error {
-	c, err := amqp.DialConfig(u, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		var d net.Dialer
-		return d.DialContext(dctx, network, addr)
-	}})
-	if err != nil {
-		return err
-	}
-	return c.Close()
 }
 
 // newAlerter wires the alerter; it watches projection lag through a rebuild runner of its
