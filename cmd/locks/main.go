@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 // version is set with -ldflags "-X main.version=…"; otherwise the module version is used.
@@ -38,6 +39,7 @@ usage:
   locks migrate [flags]
   locks loadgen [--sensors=N --rate=R --duration=D --change-ratio=F --silent-ratio=F --invalid-ratio=F --webhooks] [flags]
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
+  locks nats-accounts [--partition-count=N]   (prints deploy/nats/accounts.conf for N partitions)
   locks version
 
 Every LOCKS_* variable of the configuration can be given as a flag: LOCKS_LOST_AFTER=5s is
@@ -54,7 +56,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "locks", versionString())
 		return 0
-	case "run", "migrate", "loadgen", "replay":
+	case "run", "migrate", "loadgen", "replay", "nats-accounts":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -95,6 +97,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel)
+	if cmd == "nats-accounts" {
+		conf, err := natsx.AccountsConf(cfg.Partitions)
+		if err != nil {
+			fmt.Fprintf(stderr, "locks: %v\n", err)
+			return 1
+		}
+		fmt.Fprint(stdout, conf)
+		return 0
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -300,7 +300,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
 		}
-		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, log)
+		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, cfg.Partitions, log)
 		if err != nil {
 			return err
 		}
@@ -311,7 +311,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		}()
 		natsURL = embedded.ClientURL()
 	}
-	nc, err := dialNATS(cfg, natsURL, "locks", embedded != nil, log)
+	nc, err := dialNATS(cfg, natsURL, "locks", embedded != nil, log, natsOptionsFor(o.targets)...)
 	if err != nil {
 		return err
 	}
