@@ -119,6 +119,9 @@ func TestPartsCannotTouchOthersConsumers(t *testing.T) {
 							return l.Err()
 						},
 					}
+					if attacker == "api" {
+						delete(attempts, "info") // the api reads the projections' lag from their consumers
+					}
 					for what, try := range attempts {
 						ctx, cancel := short()
 						err := try(ctx)

@@ -19,7 +19,7 @@ import (
 // $JS.ACK.<stream>.<consumer>.…). So a part may, on the streams it reads:
 //   - create, read the info of, fetch from, ack and delete consumers of any name, except
 //   - every consumer another part owns (the durable names below, for every partition): those
-//     it may not touch at all;
+//     it may not touch at all, but for the api and the alerter reading their info (lag);
 //   - and nobody but the operator's user may pause, reset, unpin, step down or move a
 //     consumer, list the consumers of a stream (their names would be the way to the unnamed
 //     ones of other parts), or create one through the legacy subject that carries the name
@@ -41,6 +41,7 @@ type grant struct {
 	publish   []string // core publishes: appends, KV puts, control messages
 	subscribe []string // core subscriptions beside its inbox
 	reads     []string // streams it reads (consumers of its own, direct and stored gets)
+	observe   bool     // may read the info of the other parts' consumers (their lag)
 }
 
 // Durable consumer names, as the parts make them with their default settings.
@@ -108,11 +109,13 @@ var grants = map[string]grant{
 		publish: []string{"locks.control.notifier.reset.*", "locks.control.notifier.changed.*"},
 		reads: []string{ReadingsStream, EventsStream, DeliveriesStream, SetAsideStream, LogsStream,
 			kvStream(ProcessesBucket)},
+		observe: true,
 	},
 	// Alerter: reads READINGS (projection lag, checkpoint identity), SET_ASIDE and the
 	// process registry; writes nothing to NATS.
 	"alerter": {
-		reads: []string{ReadingsStream, SetAsideStream, kvStream(ProcessesBucket)},
+		reads:   []string{ReadingsStream, SetAsideStream, kvStream(ProcessesBucket)},
+		observe: true,
 	},
 }
 
@@ -132,13 +135,18 @@ func readStream(s string) []string {
 	}
 }
 
-// consumerSubjects are the subjects that act on consumer c of stream s.
-func consumerSubjects(s, c string) []string {
-	return []string{
-		"$JS.API.CONSUMER.*." + s + "." + c, "$JS.API.CONSUMER.*." + s + "." + c + ".>",
-		"$JS.API.CONSUMER.*.*." + s + "." + c,
+// othersConsumer is what readStream allows on consumer c of stream s, less its info for a
+// part that observes (the projections' lag is read from their consumers).
+func othersConsumer(s, c string, observe bool) []string {
+	out := []string{
+		"$JS.API.CONSUMER.CREATE." + s + "." + c, "$JS.API.CONSUMER.CREATE." + s + "." + c + ".>",
+		"$JS.API.CONSUMER.DELETE." + s + "." + c, "$JS.API.CONSUMER.MSG.NEXT." + s + "." + c,
 		"$JS.ACK." + s + "." + c + ".>", "$JS.FC." + s + "." + c + ".>",
 	}
+	if !observe {
+		out = append(out, "$JS.API.CONSUMER.INFO."+s+"."+c)
+	}
+	return out
 }
 
 // Permissions are the allow and deny lists of part's user for a system of partitions.
@@ -173,7 +181,7 @@ func PartPermissions(part string, partitions int) (Permissions, error) {
 				continue // not allowed anything on s in the first place
 			}
 			for _, c := range names {
-				p.PublishDeny = append(p.PublishDeny, consumerSubjects(s, c)...)
+				p.PublishDeny = append(p.PublishDeny, othersConsumer(s, c, g.observe)...)
 			}
 		}
 	}
