@@ -36,11 +36,11 @@ func dialNATS(cfg config.Config, url, name string, embedded bool, log *slog.Logg
 	}
 	nc, err := natsx.Connect(url, name, log, append(opts, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nc, nil
 }
@@ -58,7 +58,7 @@ func declareStreams(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		// An external server keeps its streams as they are.
 		AtomicPublish: cfg.NATSURL == "" && cfg.NATSSync.Always, AtomicPublishExact: cfg.NATSURL == ""})
 	if err != nil {
-		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), err)
+		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nil
 }

@@ -112,7 +112,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 		err := migrations.MigratePostgres(c, cfg.PostgresURL, log)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 	}
 	if ch {
@@ -122,7 +122,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 			Cluster: cfg.ClickHouseCluster, LockPostgresURL: cfg.PostgresURL}, log)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
 		}
 	}
 	return nil
@@ -250,7 +250,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if usePG {
 		pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 		// Names this process's sessions in pg_stat_activity (and lock waits) unless the URL or
 		// PGAPPNAME already does.
@@ -265,7 +265,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
 		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 		defer pool.Close()
 		d.pg = pool
@@ -275,11 +275,11 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if useCH {
 		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
 		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: err.Error()}
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
 		}
 		conn, err := clickhouse.Open(opts)
 		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
 		}
 		defer conn.Close()
 		d.ch = conn
@@ -289,7 +289,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		probe := newAMQPProbe(cfg.AMQPURL)
 		defer probe.Close()
 		if err := probe.Check(ctx); err != nil {
-			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), err)
+			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), redact.Error(err, cfg.AMQPURL))
 		}
 		srv.AddCheck("rabbitmq", probe.Check)
 	}

@@ -351,7 +351,7 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 			v, name, given[s.env] = *flags[s.env], "--"+FlagName(s.env), true
 		}
 		if err := s.set(&c, v); err != nil {
-			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
+			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: hiddenIn(s.env, v, err.Error())}
 		}
 	}
 	if err := c.retentionGiven(given); err != nil {
@@ -386,10 +386,35 @@ func shown(env, v string) string {
 		return redact.URL(v)
 	case env == "LOCKS_ALERT_WEBHOOK_SECRET":
 		return redact.Mask
+	case env == "LOCKS_ALERT_WEBHOOK_URL":
+		// Chat services put the token in the path.
+		return redact.HostOnly(v)
 	case slices.Contains(alertSecrets, env):
 		return redact.URL(v)
 	}
 	return v
+}
+
+// hiddenIn is an error's text about variable env with value v, without v's secrets: a URL
+// parser quotes the URL it failed on.
+func hiddenIn(env, v, text string) string {
+	switch {
+	case env == "LOCKS_API_TOKENS" || env == "LOCKS_ALERT_WEBHOOK_SECRET":
+		for _, tok := range strings.Split(v, ",") {
+			if tok = strings.TrimSpace(tok); len(tok) >= 3 {
+				text = strings.ReplaceAll(text, tok, redact.Mask)
+			}
+		}
+		return text
+	case env == "LOCKS_ALERT_WEBHOOK_URL":
+		if v != "" {
+			text = strings.ReplaceAll(text, v, redact.HostOnly(v))
+		}
+		return redact.In(text, v)
+	case slices.Contains(secretURLs, env) || slices.Contains(alertSecrets, env):
+		return redact.In(text, v)
+	}
+	return text
 }
 
 func lookup(getenv func(string) string, k string) (string, bool) {

@@ -178,7 +178,7 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 				log.Warn("NATS disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", redact.URL(c.ConnectedUrl())) }),
 		// A publish or subscription the server's permissions refuse is reported only here;
 		// a refused JetStream API request otherwise just times out.
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -191,7 +191,7 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 	}, extra...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nc, nil
 }
