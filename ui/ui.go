@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,6 +84,7 @@ type UI struct {
 	pages    *template.Template
 	handler  http.Handler
 	signins  *prometheus.CounterVec
+	guard    *signinGuard
 	now      func() time.Time
 }
 
@@ -102,8 +104,9 @@ func New(cfg Config, d Deps) (*UI, error) {
 	}
 	u := &UI{cfg: cfg, log: d.Logger.With("part", "ui"), js: d.JS, api: newAPIClient(d.API),
 		sessions: newSessions(cfg.Tokens, cfg.SessionTTL), rates: newRateMeter(), pages: pages, now: time.Now,
+		guard: newSigninGuard(d.Logger.With("part", "ui")),
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "locks_ui_signins_total", Help: "Dashboard sign-in attempts, by result (ok, refused).",
+			Name: "locks_ui_signins_total", Help: "Dashboard sign-in attempts, by result (ok, refused, throttled).",
 		}, []string{"result"})}
 	if err := d.Registerer.Register(u.signins); err != nil {
 		return nil, fmt.Errorf("ui: metrics: %w", err)
@@ -197,13 +200,24 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	addr, now := clientAddr(r), u.now()
+	if wait := u.guard.wait(addr, now); wait > 0 {
+		// Too early after wrong tokens: not even read, so guessing is no faster for trying.
+		u.signins.WithLabelValues("throttled").Inc()
+		secs := int(wait.Round(time.Second) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+		u.render(w, http.StatusTooManyRequests, "login.html", map[string]any{
+			"Error": fmt.Sprintf("Too many wrong tokens from your address: try again in %d s.", max(secs, 1))})
+		return
+	}
 	token := r.PostFormValue("token")
 	if !u.sessions.tokenValid(token) {
 		u.signins.WithLabelValues("refused").Inc()
-		u.log.Warn("dashboard sign-in refused: not an API token", "remote", r.RemoteAddr)
+		u.guard.failed(addr, now)
 		u.render(w, http.StatusUnauthorized, "login.html", map[string]any{"Error": "That is not one of the API tokens (LOCKS_API_TOKENS)."})
 		return
 	}
+	u.guard.succeeded(addr)
 	u.signins.WithLabelValues("ok").Inc()
 	u.sessions.issue(w, r, token, u.now())
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
