@@ -118,7 +118,7 @@ func TestFailuresDoNotShowSecrets(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	cfg := e.config()
-	cfg.SMTPURL = "smtp://" + smtpUser + ":wrong-pass-0xdead@" + e.smtp.addr
+	cfg.SMTPURL = "smtp://" + smtpUser + ":wrong-pass-0xdead@" + e.smtp.addr + "?tls=none"
 	cfg.WebhookURL = "http://" + testenv.FreeAddr(t) + "/hook?token=tok-0xbeef"
 	logs := &lockedBuffer{}
 	a, _ := e.alerter(cfg, Deps{Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -198,5 +198,37 @@ func TestWebhookRedirectNotFollowed(t *testing.T) {
 		if strings.Contains(s, "sec-0xpath") {
 			t.Errorf("the webhook path's token is shown: %s", s)
 		}
+	}
+}
+
+// Issue 25, item 10: smtp:// requires STARTTLS unless the URL says tls=none. A server that
+// does not offer it (or a network that strips the offer) gets no login and no message; the
+// notice fails saying why.
+func TestEmailRequiresSTARTTLS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.WebhookURL, cfg.WebhookSecret = "", ""
+	cfg.SMTPURL = "smtp://" + smtpUser + ":not-the-pass@" + e.smtp.addr
+	a, _ := e.alerter(cfg, Deps{})
+	testenv.RunPart(t, "alerter", a.Run, 15*time.Second)
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
+	var errs []string
+	testenv.Eventually(t, 20*time.Second, "the notice failing", func() bool {
+		rows, err := e.pg.Query(t.Context(), `SELECT last_error FROM alert_notices WHERE last_error IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err == nil && len(errs) >= 1
+	})
+	if !strings.Contains(errs[0], "STARTTLS") {
+		t.Errorf("the notice's error %q does not say STARTTLS is missing", errs[0])
+	}
+	e.smtp.mu.Lock()
+	tried := e.smtp.authFailures
+	e.smtp.mu.Unlock()
+	if tried != 0 || len(e.smtp.got()) != 0 {
+		t.Fatalf("without TLS the server got %d logins and %d messages, want none", tried, len(e.smtp.got()))
 	}
 }
