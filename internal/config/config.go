@@ -350,6 +350,9 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		if set[FlagName(s.env)] {
 			v, name, given[s.env] = *flags[s.env], "--"+FlagName(s.env), true
 		}
+		if err := RefusePlaceholders(v); err != nil {
+			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
+		}
 		if err := s.set(&c, v); err != nil {
 			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: hiddenIn(s.env, v, err.Error())}
 		}
@@ -370,6 +373,24 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// placeholders are what the example files (deploy/systemd/locks.env.example,
+// deploy/compose/example.env, the Helm values) put where a secret goes.
+var placeholders = []string{"CHANGE_ME", "CHANGEME", "CHANGE-ME"}
+
+// RefusePlaceholders refuses a setting's value that still holds an example file's
+// placeholder: a copied example must not start with a password or token everybody knows
+// (and one that, for the API tokens, passes the length check). The one place that decides
+// what a placeholder is.
+func RefusePlaceholders(v string) error {
+	up := strings.ToUpper(v)
+	for _, p := range placeholders {
+		if strings.Contains(up, p) {
+			return fmt.Errorf("holds the placeholder %s of an example file: replace it with the real value", p)
+		}
+	}
+	return nil
 }
 
 // secretURLs are the variables whose URLs may carry a password.
