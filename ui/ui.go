@@ -32,6 +32,8 @@ var assets embed.FS
 // Defaults of Config.
 const (
 	SessionTTLDefault = 12 * time.Hour
+	// IdleTimeoutDefault ends a session unused this long (the panels' refreshes use it).
+	IdleTimeoutDefault = 30 * time.Minute
 	// RefreshDefault is how often the panels reload: the issue allows data at most 5 s old.
 	RefreshDefault = 3 * time.Second
 )
@@ -42,6 +44,8 @@ type Config struct {
 	Tokens []string
 	// SessionTTL is how long a sign-in lasts.
 	SessionTTL time.Duration
+	// IdleTimeout ends a session unused this long.
+	IdleTimeout time.Duration
 	// Refresh is the panels' polling period, at most 5 s.
 	Refresh time.Duration
 }
@@ -49,6 +53,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = SessionTTLDefault
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = IdleTimeoutDefault
 	}
 	if c.Refresh <= 0 {
 		c.Refresh = RefreshDefault
@@ -103,7 +110,7 @@ func New(cfg Config, d Deps) (*UI, error) {
 		return nil, fmt.Errorf("ui: templates: %w", err)
 	}
 	u := &UI{cfg: cfg, log: d.Logger.With("part", "ui"), js: d.JS, api: newAPIClient(d.API),
-		sessions: newSessions(cfg.Tokens, cfg.SessionTTL), rates: newRateMeter(), pages: pages, now: time.Now,
+		sessions: newSessions(cfg.Tokens, cfg.SessionTTL, cfg.IdleTimeout), rates: newRateMeter(), pages: pages, now: time.Now,
 		guard: newSigninGuard(d.Logger.With("part", "ui")),
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "locks_ui_signins_total", Help: "Dashboard sign-in attempts, by result (ok, refused, throttled).",
@@ -147,7 +154,8 @@ type handler func(w http.ResponseWriter, r *http.Request, ses session)
 // refresh is told to reload the whole page there).
 func (u *UI) get(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ses, err := u.sessions.read(r, u.now())
+		now := u.now()
+		ses, err := u.sessions.read(r, now)
 		if err != nil {
 			if r.Header.Get("HX-Request") != "" {
 				w.Header().Set("HX-Redirect", "/ui/login")
@@ -157,6 +165,7 @@ func (u *UI) get(h handler) http.HandlerFunc {
 			http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 			return
 		}
+		u.sessions.touch(w, r, ses, now)
 		h(w, r, ses)
 	}
 }
@@ -165,7 +174,8 @@ func (u *UI) get(h handler) http.HandlerFunc {
 func (u *UI) post(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-		ses, err := u.sessions.read(r, u.now())
+		now := u.now()
+		ses, err := u.sessions.read(r, now)
 		if err != nil {
 			http.Error(w, "not signed in", http.StatusUnauthorized)
 			return
@@ -175,6 +185,7 @@ func (u *UI) post(h handler) http.HandlerFunc {
 			http.Error(w, "missing or wrong CSRF token", http.StatusForbidden)
 			return
 		}
+		u.sessions.touch(w, r, ses, now)
 		h(w, r, ses)
 	}
 }
@@ -223,7 +234,8 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
-func (u *UI) logout(w http.ResponseWriter, r *http.Request, _ session) {
+func (u *UI) logout(w http.ResponseWriter, r *http.Request, ses session) {
+	u.sessions.revoke(ses, u.now())
 	clearCookie(w, r)
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }
