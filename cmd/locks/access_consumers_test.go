@@ -173,3 +173,74 @@ func TestPartsCannotTouchOthersConsumers(t *testing.T) {
 		})
 	}
 }
+
+// Issue 25, items 2 and 6: a part's user writes (and deletes) registry keys and LOGS subjects
+// of its own part only: not another part's, not a bare or "all" key (those belong to a user
+// allowed everything). Its own are allowed, so the refusals are the prefixes' doing.
+func TestPartsWriteOnlyTheirOwnRegistryKeys(t *testing.T) {
+	t.Parallel()
+	for name, setup := range map[string]func(*testing.T) natsUsersUnderTest{
+		"embedded": embeddedUsers,
+		"accounts.conf": func(t *testing.T) natsUsersUnderTest {
+			a := startAccessServer(t)
+			return func(t *testing.T, user string) (jetstream.JetStream, *violations) { return a.connect(t, user) }
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			connect := setup(t)
+			admin, _ := connect(t, "admin")
+			if err := natsx.Declare(t.Context(), admin, natsx.StreamsConfig{Partitions: 4, LostAfter: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			akv, err := admin.KeyValue(t.Context(), natsx.ProcessesBucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			victim := natsx.ProcessKey("notifier", "host-1-0badcafe")
+			if _, err := akv.Put(t.Context(), victim, []byte(`{"id":"host-1-0badcafe","parts":["notifier"]}`)); err != nil {
+				t.Fatal(err)
+			}
+			js, v := connect(t, "state")
+			kv, err := js.KeyValue(t.Context(), natsx.ProcessesBucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			if _, err := kv.Put(ctx, natsx.ProcessKey("state", "host-2-12345678"), []byte(`{}`)); err != nil {
+				t.Fatalf("the state user writing its own part's key: %v", err)
+			}
+			if _, err := js.Publish(ctx, natsx.LogsSubject(natsx.ProcessKey("state", "host-2-12345678")), []byte(`{}`)); err != nil {
+				t.Fatalf("the state user appending to its own LOGS subject: %v", err)
+			}
+			for what, try := range map[string]func(context.Context) error{
+				"overwrite another part's key": func(ctx context.Context) error { _, err := kv.Put(ctx, victim, []byte(`{}`)); return err },
+				"delete another part's key":    func(ctx context.Context) error { return kv.Delete(ctx, victim) },
+				"write an all key": func(ctx context.Context) error {
+					_, err := kv.Put(ctx, natsx.ProcessKey(natsx.ProcessAll, "host-3-1"), []byte(`{}`))
+					return err
+				},
+				"write a bare key": func(ctx context.Context) error { _, err := kv.Put(ctx, "host-3-1", []byte(`{}`)); return err },
+				"append to another part's LOGS subject": func(ctx context.Context) error {
+					_, err := js.Publish(ctx, natsx.LogsSubject(victim), []byte(`{}`))
+					return err
+				},
+			} {
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				err := try(ctx)
+				cancel()
+				if err == nil {
+					t.Errorf("the state user may %s", what)
+				}
+			}
+			testenv.Eventually(t, 5*time.Second, "the server's permissions violation", func() bool {
+				return v.about("$KV." + natsx.ProcessesBucket + "." + victim)
+			})
+			e, err := akv.Get(t.Context(), victim)
+			if err != nil || string(e.Value()) != `{"id":"host-1-0badcafe","parts":["notifier"]}` {
+				t.Fatalf("the notifier's key after the attempts: %v %q", err, e.Value())
+			}
+		})
+	}
+}

@@ -229,7 +229,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		"partitions", o.partitionsString())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	presence, log := newPresence(log, reg)
+	presence, log := newPresence(log, reg, o.targets)
 	srv := ops.New(cfg.HTTPAddr, reg, log)
 	reg.MustRegister(srv.Readiness(ops.ReadinessReuseDefault))
 	if cfg.Pprof {

@@ -120,9 +120,12 @@ var grants = map[string]grant{
 }
 
 // everyPart is what every part's process does: keep its registry key and tee its warnings
-// to LOGS (internal/procs), and look up JetStream and the streams.
-var everyPart = []string{"$KV." + ProcessesBucket + ".>", "locks.logs.*",
-	"$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES"}
+// to LOGS (internal/procs), both under its part's own prefix (ProcessKey), and look up
+// JetStream and the streams.
+func everyPart(part string) []string {
+	return []string{"$KV." + ProcessesBucket + "." + part + ".*", LogsSubject(part + ".*"),
+		"$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES"}
+}
 
 // readStream is what reading stream s with consumers of one's own takes.
 func readStream(s string) []string {
@@ -161,7 +164,7 @@ func PartPermissions(part string, partitions int) (Permissions, error) {
 		return Permissions{}, fmt.Errorf("no NATS permissions for part %q", part)
 	}
 	var p Permissions
-	p.PublishAllow = append(slices.Clone(everyPart), g.publish...)
+	p.PublishAllow = append(everyPart(part), g.publish...)
 	for _, s := range g.reads {
 		p.PublishAllow = append(p.PublishAllow, readStream(s)...)
 	}
