@@ -92,6 +92,7 @@ type UI struct {
 	handler  http.Handler
 	signins  *prometheus.CounterVec
 	guard    *signinGuard
+	panels   *panelCache
 	now      func() time.Time
 }
 
@@ -111,7 +112,7 @@ func New(cfg Config, d Deps) (*UI, error) {
 	}
 	u := &UI{cfg: cfg, log: d.Logger.With("part", "ui"), js: d.JS, api: newAPIClient(d.API),
 		sessions: newSessions(cfg.Tokens, cfg.SessionTTL, cfg.IdleTimeout), rates: newRateMeter(), pages: pages, now: time.Now,
-		guard: newSigninGuard(d.Logger.With("part", "ui")),
+		guard: newSigninGuard(d.Logger.With("part", "ui")), panels: newPanelCache(),
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "locks_ui_signins_total", Help: "Dashboard sign-in attempts, by result (ok, refused, throttled).",
 		}, []string{"result"})}
