@@ -70,6 +70,19 @@ func durables(part string, partitions int) map[string][]string {
 	return nil
 }
 
+// ConsumerOwner is the part that owns the durable consumer name of stream in a system of
+// partitions, per the matrix ("" when the matrix knows no such consumer: it is then
+// protected from no other part). A test checks that every durable consumer a running system
+// makes is known here, so that renaming one in a part cannot silently drop its protection.
+func ConsumerOwner(stream, name string, partitions int) string {
+	for _, part := range Parts {
+		if slices.Contains(durables(part, partitions)[stream], name) {
+			return part
+		}
+	}
+	return ""
+}
+
 func kvStream(bucket string) string { return "KV_" + bucket }
 func kvPut(bucket string) string    { return "$KV." + bucket + ".>" }
 
