@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/netguard"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 )
@@ -59,7 +60,11 @@ func New(cfg Config, d Deps) (*Alerter, error) {
 		return nil, err
 	}
 	a := &Alerter{cfg: cfg, d: d, log: d.Logger.With("part", "alerter"), m: m,
-		http: &http.Client{Timeout: cfg.SendTimeout}}
+		// The operator chose the URL and may well point it at a private address; the rest of
+		// the client webhooks' guard holds: no proxy from the environment, no redirects,
+		// bounded response headers.
+		http: netguard.HTTPClient(netguard.ClientConfig{Timeout: cfg.SendTimeout, AllowPrivate: true})}
+	a.http.Timeout = cfg.SendTimeout
 	a.detectors = a.newDetectors()
 	for _, ch := range cfg.channels() {
 		a.senders = append(a.senders, a.newSender(ch))

@@ -57,7 +57,7 @@ type Config struct {
 	// ProcessStale is the age of a process registry entry past which part_stopped fires.
 	ProcessStale time.Duration
 
-	// SMTPURL is smtp://user:pass@host:port (STARTTLS when offered) or smtps://… (TLS);
+	// SMTPURL is smtp://user:pass@host:port (STARTTLS required unless ?tls=none) or smtps://… (TLS);
 	// empty: no e-mail (LOCKS_ALERT_SMTP_URL).
 	SMTPURL string
 	// EmailTo and EmailFrom address the e-mails (LOCKS_ALERT_EMAIL_TO, LOCKS_ALERT_EMAIL_FROM).

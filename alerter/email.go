@@ -20,10 +20,14 @@ type smtpTarget struct {
 	addr, host  string
 	user, pass  string
 	implicitTLS bool
+	// plain allows a session without TLS (?tls=none): otherwise a server that does not offer
+	// STARTTLS, or a network that strips the offer, gets nothing, not even the login.
+	plain bool
 }
 
-// parseSMTPURL reads smtp://[user:pass@]host[:port] (port 25; STARTTLS when the server
-// offers it) or smtps://…[:port] (port 465, TLS from the start).
+// parseSMTPURL reads smtp://[user:pass@]host[:port][?tls=starttls|none] (port 25; STARTTLS
+// required unless tls=none says the server may be spoken to in the clear) or
+// smtps://…[:port] (port 465, TLS from the start).
 func parseSMTPURL(raw string) (smtpTarget, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -47,6 +51,13 @@ func parseSMTPURL(raw string) (smtpTarget, error) {
 		port = u.Port()
 	}
 	t.addr = net.JoinHostPort(t.host, port)
+	switch mode := u.Query().Get("tls"); {
+	case mode == "" || mode == "starttls":
+	case mode == "none" && !t.implicitTLS:
+		t.plain = true
+	default:
+		return smtpTarget{}, fmt.Errorf("tls=%q: want starttls (the default) or none (smtp:// only)", mode)
+	}
 	if u.User != nil {
 		t.user = u.User.Username()
 		t.pass, _ = u.User.Password()
@@ -110,10 +121,15 @@ func (a *Alerter) sendEmail(ctx context.Context, n notice) error {
 	}
 	defer c.Close()
 	if !t.implicitTLS {
-		if ok, _ := c.Extension("STARTTLS"); ok {
+		ok, _ := c.Extension("STARTTLS")
+		switch {
+		case ok:
 			if err := c.StartTLS(&tls.Config{ServerName: t.host}); err != nil {
 				return fmt.Errorf("smtp STARTTLS: %w", err)
 			}
+		case !t.plain:
+			// Sending anyway would show the login and the alerts to whoever stripped the offer.
+			return errors.New("smtp: the server does not offer STARTTLS; use smtps://, or add ?tls=none to LOCKS_ALERT_SMTP_URL to send in the clear")
 		}
 	}
 	if t.user != "" {

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,7 +118,7 @@ func TestFailuresDoNotShowSecrets(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	cfg := e.config()
-	cfg.SMTPURL = "smtp://" + smtpUser + ":wrong-pass-0xdead@" + e.smtp.addr
+	cfg.SMTPURL = "smtp://" + smtpUser + ":wrong-pass-0xdead@" + e.smtp.addr + "?tls=none"
 	cfg.WebhookURL = "http://" + testenv.FreeAddr(t) + "/hook?token=tok-0xbeef"
 	logs := &lockedBuffer{}
 	a, _ := e.alerter(cfg, Deps{Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -154,4 +156,79 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Issue 25, item 10: the operator webhook's client is the client webhooks' guarded one: a
+// redirect is the receiver's answer (the notice fails with its status), never followed to
+// an address nobody chose; and the token in the URL's path never shows in the recorded error
+// or the log (item 7).
+func TestWebhookRedirectNotFollowed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var elsewhere atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { elsewhere.Add(1) }))
+	t.Cleanup(target.Close)
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+"/stolen", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(redirector.Close)
+	cfg := e.config()
+	cfg.SMTPURL, cfg.EmailTo = "", nil
+	cfg.WebhookURL = redirector.URL + "/services/T0/sec-0xpath"
+	logs := &lockedBuffer{}
+	a, _ := e.alerter(cfg, Deps{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	testenv.RunPart(t, "alerter", a.Run, 15*time.Second)
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
+	var errs []string
+	testenv.Eventually(t, 20*time.Second, "the notice failing", func() bool {
+		rows, err := e.pg.Query(t.Context(), `SELECT last_error FROM alert_notices WHERE last_error IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err == nil && len(errs) >= 1
+	})
+	if !strings.Contains(errs[0], "307") {
+		t.Errorf("the notice's error %q does not name the redirect's status", errs[0])
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Fatalf("the redirect was followed: its target got %d requests", n)
+	}
+	for _, s := range append(errs, logs.String()) {
+		if strings.Contains(s, "sec-0xpath") {
+			t.Errorf("the webhook path's token is shown: %s", s)
+		}
+	}
+}
+
+// Issue 25, item 10: smtp:// requires STARTTLS unless the URL says tls=none. A server that
+// does not offer it (or a network that strips the offer) gets no login and no message; the
+// notice fails saying why.
+func TestEmailRequiresSTARTTLS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.WebhookURL, cfg.WebhookSecret = "", ""
+	cfg.SMTPURL = "smtp://" + smtpUser + ":not-the-pass@" + e.smtp.addr
+	a, _ := e.alerter(cfg, Deps{})
+	testenv.RunPart(t, "alerter", a.Run, 15*time.Second)
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
+	var errs []string
+	testenv.Eventually(t, 20*time.Second, "the notice failing", func() bool {
+		rows, err := e.pg.Query(t.Context(), `SELECT last_error FROM alert_notices WHERE last_error IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err == nil && len(errs) >= 1
+	})
+	if !strings.Contains(errs[0], "STARTTLS") {
+		t.Errorf("the notice's error %q does not say STARTTLS is missing", errs[0])
+	}
+	e.smtp.mu.Lock()
+	tried := e.smtp.authFailures
+	e.smtp.mu.Unlock()
+	if tried != 0 || len(e.smtp.got()) != 0 {
+		t.Fatalf("without TLS the server got %d logins and %d messages, want none", tried, len(e.smtp.got()))
+	}
 }

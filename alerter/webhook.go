@@ -67,7 +67,7 @@ func (a *Alerter) sendWebhook(ctx context.Context, n notice) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.WebhookURL, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("webhook %s: %w", redact.WebhookURL(a.cfg.WebhookURL), err)
+		return fmt.Errorf("webhook %s: %w", redact.HostOnly(a.cfg.WebhookURL), redact.HostOnlyError(err, a.cfg.WebhookURL))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("webhook-id", n.noticeID())
@@ -80,12 +80,12 @@ func (a *Alerter) sendWebhook(ctx context.Context, n notice) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("webhook %s: %w", redact.WebhookURL(a.cfg.WebhookURL), err)
+		return fmt.Errorf("webhook %s: %w", redact.HostOnly(a.cfg.WebhookURL), redact.HostOnlyError(err, a.cfg.WebhookURL))
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("webhook %s: status %d", redact.WebhookURL(a.cfg.WebhookURL), resp.StatusCode)
+		return fmt.Errorf("webhook %s: status %d", redact.HostOnly(a.cfg.WebhookURL), resp.StatusCode)
 	}
 	return nil
 }

@@ -133,9 +133,17 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.resolver = net.DefaultResolver
 	}
 	s.grpc = grpc.NewServer(
+		// The token is checked on the call's headers, before its message is read and
+		// decoded; the interceptors check it again for what the tap does not see.
+		grpc.InTapHandle(s.tap),
 		grpc.ChainUnaryInterceptor(s.unary),
 		grpc.ChainStreamInterceptor(s.stream),
-		grpc.MaxRecvMsgSize(1<<20),
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
+		grpc.ConnectionTimeout(ConnectionTimeout),
+		grpc.KeepaliveEnforcementPolicy(KeepaliveEnforcement),
+		grpc.KeepaliveParams(KeepaliveParams),
 	)
 	locksv1.RegisterClientServiceServer(s.grpc, &clientService{s: s})
 	locksv1.RegisterSensorServiceServer(s.grpc, &sensorService{s: s})

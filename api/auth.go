@@ -11,7 +11,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
 )
 
 // errNoTokens is what every call gets when no token is configured.
@@ -132,6 +135,43 @@ func (s *Server) toStatus(ctx context.Context, method string, err error) error {
 		s.log.DebugContext(ctx, "API call refused", "method", method, "code", st.Code().String(), "message", st.Message())
 	}
 	return st.Err()
+}
+
+// The gRPC port's limits (docs/security.md).
+const (
+	// MaxRecvMsgSize is the largest request message: the largest REST body is 1 MiB too.
+	MaxRecvMsgSize = 1 << 20
+	// MaxConcurrentStreams bounds the calls one connection has open at once (gRPC's
+	// default is unbounded); WatchClientEvents streams count too.
+	MaxConcurrentStreams = 100
+	// MaxHeaderListSize bounds a call's metadata (the token is a few dozen bytes).
+	MaxHeaderListSize = 16 << 10
+	// ConnectionTimeout bounds a new connection's handshake.
+	ConnectionTimeout = 10 * time.Second
+)
+
+// KeepaliveEnforcement closes (GOAWAY "too_many_pings") a connection that pings more than
+// every 20 s, or pings with no call open: pings cost the server and keep idle connections.
+var KeepaliveEnforcement = keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: false}
+
+// KeepaliveParams close idle connections after 5 minutes and probe a silent peer each
+// minute, dropping it after 20 s without an answer.
+var KeepaliveParams = keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Minute, Time: time.Minute, Timeout: 20 * time.Second}
+
+// tap refuses a call without a valid token from its headers alone, before gRPC reads its
+// message: an anonymous client cannot make the server buffer and decode up to
+// MaxRecvMsgSize per call.
+func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	var authorization string
+	if v := info.Header.Get("authorization"); len(v) > 0 {
+		authorization = v[0]
+	}
+	if err := s.auth.check(authorization); err != nil {
+		method := info.FullMethodName[strings.LastIndexByte(info.FullMethodName, '/')+1:]
+		s.metrics.requests.WithLabelValues(method, codes.Unauthenticated.String()).Inc()
+		return nil, s.toStatus(ctx, info.FullMethodName, err)
+	}
+	return ctx, nil
 }
 
 // stream guards streaming calls the same way (the API has none today; reflection or health

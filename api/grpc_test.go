@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -238,8 +241,9 @@ func TestGRPCAuth(t *testing.T) {
 	if n := e.metric("locks_api_requests_total", "OK", "ListSensors"); n != 1 {
 		t.Fatalf("locks_api_requests_total{ListSensors,OK} = %v, want 1", n)
 	}
-	if n := e.metric("locks_api_request_duration_seconds", "ListSensors"); n != 4 {
-		t.Fatalf("locks_api_request_duration_seconds{ListSensors} counted %v calls, want 4", n)
+	// Refused on their headers (tap), the unauthenticated calls are counted, not timed.
+	if n := e.metric("locks_api_request_duration_seconds", "ListSensors"); n != 1 {
+		t.Fatalf("locks_api_request_duration_seconds{ListSensors} counted %v calls, want 1", n)
 	}
 }
 
@@ -297,5 +301,71 @@ func TestGRPCReflection(t *testing.T) {
 		if !slices.Contains(names, want) {
 			t.Fatalf("reflection lists %v, without %s", names, want)
 		}
+	}
+}
+
+// Issue 25, item 4: an unauthenticated call is refused on its headers, before the server reads
+// its message. A call that never sends its message gets UNAUTHENTICATED at once (a server
+// that decoded first would wait for the message until the deadline), and one sending a
+// 900 KiB message gets UNAUTHENTICATED, not a size or decoding error.
+func TestGRPCRefusesBeforeDecoding(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	desc := &grpc.StreamDesc{StreamName: "CreateSensor"}
+	st, err := e.raw.NewStream(ctx, desc, locksv1.SensorService_CreateSensor_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No message sent, the request half left open.
+	err = st.RecvMsg(&locksv1.CreateSensorResponse{})
+	wantCode(t, err, codes.Unauthenticated, "missing")
+	if ctx.Err() != nil {
+		t.Fatal("the refusal waited for the call's deadline")
+	}
+
+	big := &locksv1.CreateSensorRequest{Sensor: &locksv1.Sensor{Id: "S1", Address: strings.Repeat("a", 900<<10)}}
+	_, err = locksv1.NewSensorServiceClient(e.raw).CreateSensor(ctx, big)
+	wantCode(t, err, codes.Unauthenticated)
+	if n := e.count(`SELECT count(*) FROM sensors`); n != 0 {
+		t.Fatalf("an unauthenticated call created %d sensors", n)
+	}
+}
+
+// The gRPC port advertises its stream limit in its HTTP/2 settings.
+func TestGRPCAdvertisesLimits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := net.Dial("tcp", e.grpcAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sf, ok := f.(*http2.SettingsFrame)
+		if !ok || sf.IsAck() {
+			continue
+		}
+		got, ok := sf.Value(http2.SettingMaxConcurrentStreams)
+		if !ok || got != MaxConcurrentStreams {
+			t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS = %d (sent %v), want %d", got, ok, MaxConcurrentStreams)
+		}
+		if got, ok := sf.Value(http2.SettingMaxHeaderListSize); !ok || got != MaxHeaderListSize {
+			t.Fatalf("SETTINGS_MAX_HEADER_LIST_SIZE = %d (sent %v), want %d", got, ok, MaxHeaderListSize)
+		}
+		return
 	}
 }

@@ -35,15 +35,16 @@ const testToken = "test-token-0123456789abcdef"
 // listener on 127.0.0.1:0, and REST on a real HTTP server, mounted the way cmd/locks mounts
 // it beside /healthz.
 type env struct {
-	t     testing.TB
-	db    *pgxpool.Pool
-	srv   *Server
-	url   string // REST base, http://127.0.0.1:port
-	http  *http.Client
-	conn  *grpc.ClientConn // authenticated with testToken
-	raw   *grpc.ClientConn // no credentials
-	token string
-	reg   *prometheus.Registry
+	t        testing.TB
+	db       *pgxpool.Pool
+	srv      *Server
+	url      string // REST base, http://127.0.0.1:port
+	http     *http.Client
+	conn     *grpc.ClientConn // authenticated with testToken
+	raw      *grpc.ClientConn // no credentials
+	grpcAddr string
+	token    string
+	reg      *prometheus.Registry
 
 	clients locksv1.ClientServiceClient
 	sensors locksv1.SensorServiceClient
@@ -113,6 +114,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.grpcAddr = ln.Addr().String()
 	e.raw, err = grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

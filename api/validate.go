@@ -79,7 +79,20 @@ func checkText(field, v string, max int) error {
 	if strings.IndexFunc(v, unicode.IsControl) >= 0 {
 		return fieldErr(field, "control characters (such as newlines or tabs) are not allowed")
 	}
+	if i := strings.IndexFunc(v, invisible); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return fieldErr(field, "invisible formatting character U+%04X (bidirectional override, zero-width or similar) is not allowed", r)
+	}
 	return nil
+}
+
+// invisible says r is a format character (Unicode Cf: bidirectional overrides and isolates,
+// zero-width space and joiners, the byte-order mark, …) or a line or paragraph separator:
+// they make a name or an address display as something else than it is (a reversed
+// extension, two sensors' addresses that look equal), in the dashboard, the CLI and the
+// webhook bodies.
+func invisible(r rune) bool {
+	return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 
 // checkLostAfter accepts an unset value (the server default) or 1s to 365 days.

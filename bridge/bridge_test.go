@@ -379,3 +379,36 @@ func (e *env) crashChild(t *testing.T, crashAt int) uint64 {
 	}
 	return n
 }
+
+// Issue 25, item 10: a message_id with spaces, CR/LF or other control characters would name
+// the same reading as another after nats.go trims the Nats-Msg-Id header ("a", " a", "a\r\n"),
+// or break the header: each such message goes to the invalid queue with the reason, and the
+// plain one is recorded.
+func TestBridgeRefusesBadMessageIDs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	bad := []string{" m1", "m1 ", "m1\r\n", "m\x001", "m\t1", "m\u202e1", strings.Repeat("m", MaxMessageIDLen+1)}
+	msgs := []amqp.Publishing{{Body: []byte(`{"sensor_id":"s1","data":1}`), MessageId: "m1"}}
+	for i, id := range bad {
+		msgs = append(msgs, amqp.Publishing{Body: []byte(fmt.Sprintf(`{"sensor_id":"s1","data":%d}`, i%2)), MessageId: id})
+	}
+	e.publish(t, msgs)
+	stop := e.start(t, Config{Prefetch: 50})
+	testenv.Eventually(t, time.Minute, "all messages handled", func() bool {
+		return e.streamMsgs(t) == 1 && e.queueReady(t, e.queue+".invalid") == len(bad)
+	})
+	e.quiesce(t)
+	stop()
+	for range bad {
+		d, ok, err := e.ch.Get(e.queue+".invalid", true)
+		if err != nil || !ok {
+			t.Fatalf("get from invalid queue: %v %v", ok, err)
+		}
+		if h, _ := d.Headers[ErrorHeader].(string); !strings.HasPrefix(h, "message_id:") {
+			t.Fatalf("%s = %q for message_id %q, want the message_id named", ErrorHeader, h, d.MessageId)
+		}
+	}
+	if got := metricValue(e.bridge.m.invalid.WithLabelValues(ReasonMessageID)); got != float64(len(bad)) {
+		t.Fatalf("invalid{reason=message_id} = %v, want %d", got, len(bad))
+	}
+}

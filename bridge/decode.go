@@ -24,7 +24,28 @@ const (
 	ReasonSensorID = "sensor_id"
 	ReasonData     = "data"
 	ReasonTS       = "ts"
+	// ReasonMessageID: the AMQP message_id property is not a plain identifier.
+	ReasonMessageID = "message_id"
 )
+
+// MaxMessageIDLen bounds the AMQP message_id the bridge accepts (AMQP allows 255 bytes).
+const MaxMessageIDLen = 128
+
+// CheckMessageID refuses an AMQP message_id that is not printable ASCII without spaces, or
+// longer than MaxMessageIDLen: it becomes part of the Nats-Msg-Id header, where nats.go trims
+// spaces and a CR or LF would end the header, so "a", " a" and "a\r\n" would name the same
+// reading (or break the header), and two different readings would be recorded once.
+func CheckMessageID(id string) error {
+	if len(id) > MaxMessageIDLen {
+		return invalid(ReasonMessageID, "message_id: longer than 128 bytes")
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c >= 0x7f {
+			return invalid(ReasonMessageID, "message_id: must be printable ASCII without spaces or control characters")
+		}
+	}
+	return nil
+}
 
 // InvalidError says why a message is not a reading. Its Error() is what goes into the
 // x-lock-sensors-error header: the field first, then what it must be.

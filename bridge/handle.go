@@ -53,6 +53,9 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	now := time.Now().UTC()
 	it := item{tag: d.DeliveryTag, start: now}
 	r, err := Decode(d.Body, now)
+	if err == nil {
+		err = CheckMessageID(d.MessageId)
+	}
 	if err != nil {
 		var ie *InvalidError
 		reason, msg := ReasonNotJSON, err.Error()

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"time"
@@ -22,46 +21,16 @@ var ErrForbiddenAddress = netguard.ErrForbidden
 // ErrBadURL says a client's webhook URL is not an absolute http(s) URL.
 var ErrBadURL = errors.New("webhook URL must be http:// or https:// with a host")
 
-// maxResponseHeaderBytes bounds what a receiver's response headers may take in memory; a
-// receiver that sends more fails the attempt (and it is retried) instead of costing the
-// process up to net/http's default of 10 MB per attempt in flight.
-const maxResponseHeaderBytes = 64 << 10
-
-// sender makes the HTTP requests: no proxy (the dial-time check must see the real target),
-// no redirects (a 3xx is a failed attempt), a timeout per attempt, and kept-alive connections.
+// sender makes the HTTP requests with netguard's client (no proxy, no redirects, bounded
+// response headers, the dial-time address check), a timeout per attempt, and kept-alive
+// connections.
 type sender struct {
 	client  *http.Client
 	timeout time.Duration
 }
 
 func newSender(timeout time.Duration, allowPrivate bool) *sender {
-	d := &net.Dialer{
-		Timeout:   min(timeout, 5*time.Second),
-		KeepAlive: 30 * time.Second,
-	}
-	// The check is on the resolved address at dial time, so DNS that answers a public name
-	// with 127.0.0.1 (or rebinding between the API's check and the dial) cannot get through.
-	if !allowPrivate {
-		d.Control = netguard.Control
-	}
-	tr := &http.Transport{
-		Proxy:                  nil,
-		DialContext:            d.DialContext,
-		ForceAttemptHTTP2:      true,
-		MaxIdleConns:           1024,
-		MaxIdleConnsPerHost:    64,
-		IdleConnTimeout:        90 * time.Second,
-		TLSHandshakeTimeout:    min(timeout, 10*time.Second),
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes,
-	}
-	return &sender{
-		client: &http.Client{
-			Transport:     tr,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
-		timeout: timeout,
-	}
+	return &sender{client: netguard.HTTPClient(netguard.ClientConfig{Timeout: timeout, AllowPrivate: allowPrivate}), timeout: timeout}
 }
 
 // response is what an attempt got back.

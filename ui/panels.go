@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -59,19 +60,50 @@ var funcs = template.FuncMap{
 	"phase": func(p locksv1.RebuildPhase) string { return p.String()[len("REBUILD_PHASE_"):] },
 }
 
-// panel renders one panel's body: what htmx swaps in every Refresh.
+// panels are the panels' names.
+var panels = map[string]bool{"overview": true, "lost": true, "clients": true, "dead": true, "setaside": true,
+	"rebuilds": true, "alerts": true, "processes": true, "logs": true}
+
+// panel renders one panel's body: what htmx swaps in every Refresh. Every viewer is an
+// administrator and sees the same data, so a panel's data is read once per Refresh for all
+// open tabs (panelCache), not once per tab: ten tabs cost the database what one does.
 func (u *UI) panel(w http.ResponseWriter, r *http.Request, ses session) {
+	name := r.PathValue("name")
+	if !panels[name] {
+		http.NotFound(w, r)
+		return
+	}
 	ctx, cancel := context.WithTimeout(as(r.Context(), ses), panelTimeout)
 	defer cancel()
-	now := u.now()
-	data := map[string]any{"Now": now, "CSRF": u.sessions.csrf(ses)}
+	q := r.URL.Query().Get("q")
+	load := func(ctx context.Context) (map[string]any, error) { return u.loadPanel(ctx, name, q) }
+	var shared map[string]any
 	var err error
-	name := r.PathValue("name")
+	if name == "lost" && q != "" {
+		shared, err = load(ctx) // a search: its own query, as the operator types it
+	} else {
+		shared, err = u.panels.get(ctx, name, u.cfg.Refresh, load)
+	}
+	data := maps.Clone(shared)
+	if data == nil {
+		data = map[string]any{}
+	}
+	data["Now"], data["CSRF"] = u.now(), u.sessions.csrf(ses)
+	if err != nil {
+		data["Error"] = errText(err)
+	}
+	u.render(w, http.StatusOK, "panel-"+name, data)
+}
+
+// loadPanel reads what panel name shows.
+func (u *UI) loadPanel(ctx context.Context, name, q string) (map[string]any, error) {
+	data := map[string]any{}
+	var err error
 	switch name {
 	case "overview":
 		var ps []procs.Info
 		ps, err = procs.List(ctx, u.js)
-		data["Rates"] = u.rates.read(ctx, ps, now)
+		data["Rates"] = u.rates.read(ctx, ps, u.now())
 		if err == nil {
 			data["Counts"], err = u.api.sensorCounts(ctx)
 		}
@@ -81,7 +113,6 @@ func (u *UI) panel(w http.ResponseWriter, r *http.Request, ses session) {
 			data["Projections"] = res.GetProjections()
 		}
 	case "lost":
-		q := r.URL.Query().Get("q")
 		data["Q"] = q
 		data["Lost"], data["Capped"], err = u.api.lostSensors(ctx, q)
 	case "clients":
@@ -113,14 +144,8 @@ func (u *UI) panel(w http.ResponseWriter, r *http.Request, ses session) {
 		logs, err = procs.LastLogs(ctx, u.js, logsShown)
 		slices.Reverse(logs)
 		data["Logs"] = logs
-	default:
-		http.NotFound(w, r)
-		return
 	}
-	if err != nil {
-		data["Error"] = errText(err)
-	}
-	u.render(w, http.StatusOK, "panel-"+name, data)
+	return data, err
 }
 
 type deadRow struct {
@@ -162,6 +187,7 @@ func (u *UI) resend(w http.ResponseWriter, r *http.Request, ses session) {
 		u.render(w, http.StatusOK, "result", map[string]any{"Error": errText(err)})
 		return
 	}
+	u.panels.reset()
 	u.log.Info("dashboard: dead letter resent", "client_id", client, "event_id", evt)
 	u.render(w, http.StatusOK, "result", map[string]any{"Msg": evt + " sent again to " + client})
 }
@@ -175,6 +201,7 @@ func (u *UI) enable(w http.ResponseWriter, r *http.Request, ses session) {
 		u.render(w, http.StatusOK, "result", map[string]any{"Error": errText(err)})
 		return
 	}
+	u.panels.reset()
 	u.log.Info("dashboard: endpoint re-enabled", "client_id", client)
 	u.render(w, http.StatusOK, "result", map[string]any{"Msg": c.GetName() + " (" + client + ") re-enabled"})
 }
@@ -187,6 +214,7 @@ func (u *UI) rebuild(w http.ResponseWriter, r *http.Request, ses session) {
 		u.render(w, http.StatusOK, "result", map[string]any{"Error": errText(err)})
 		return
 	}
+	u.panels.reset()
 	u.log.Info("dashboard: rebuild started", "projection", name)
 	u.render(w, http.StatusOK, "result", map[string]any{"Msg": "rebuild of " + res.GetRebuild().GetProjection() + " started"})
 }

@@ -1,16 +1,23 @@
 package ui
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/lock-sensors/lock-sensors/internal/netguard"
 	"github.com/lock-sensors/lock-sensors/internal/procs"
 )
 
@@ -35,7 +42,33 @@ type rateMeter struct {
 	last   rates
 }
 
-func newRateMeter() *rateMeter { return &rateMeter{client: &http.Client{Timeout: 2 * time.Second}} }
+// maxMetricsBytes bounds what one bridge's /metrics may send: the address comes from the
+// registry, which a compromised bridge process writes.
+const maxMetricsBytes = 4 << 20
+
+func newRateMeter() *rateMeter {
+	// The guarded client: no proxy, no redirects, bounded headers. Processes run on private
+	// addresses, so those stay allowed.
+	c := netguard.HTTPClient(netguard.ClientConfig{Timeout: 2 * time.Second, AllowPrivate: true})
+	c.Timeout = 2 * time.Second
+	return &rateMeter{client: c}
+}
+
+// checkProcessAddr accepts what a process's http_addr can be: host:port and nothing more, so
+// a registry entry cannot point the API at a path, a user or a query of its choosing.
+func checkProcessAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || strings.ContainsAny(host, "/?#@%\\ ") {
+		return fmt.Errorf("http_addr %q is not host:port", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("http_addr %q is not host:port", addr)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && (ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast()) {
+		return fmt.Errorf("http_addr %q: not a process's address", addr)
+	}
+	return nil
+}
 
 // minSpan is the shortest span rates are computed over; refreshes closer than it reuse the last.
 const minSpan = time.Second
@@ -80,6 +113,9 @@ func (m *rateMeter) read(ctx context.Context, ps []procs.Info, now time.Time) ra
 }
 
 func (m *rateMeter) scrape(ctx context.Context, addr string) (counters, error) {
+	if err := checkProcessAddr(addr); err != nil {
+		return counters{}, err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
 		return counters{}, err
@@ -92,8 +128,15 @@ func (m *rateMeter) scrape(ctx context.Context, addr string) (counters, error) {
 	if res.StatusCode != http.StatusOK {
 		return counters{}, fmt.Errorf("/metrics: %s", res.Status)
 	}
+	body, err := io.ReadAll(io.LimitReader(res.Body, maxMetricsBytes+1))
+	if err != nil {
+		return counters{}, fmt.Errorf("/metrics: %w", err)
+	}
+	if len(body) > maxMetricsBytes {
+		return counters{}, fmt.Errorf("/metrics: larger than %d MiB", maxMetricsBytes>>20)
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(res.Body)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {
 		return counters{}, fmt.Errorf("/metrics: %w", err)
 	}

@@ -11,15 +11,21 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
-// Sessions are stateless: the cookie holds an expiry, a random nonce and a fingerprint of the
-// token signed in with, sealed with an HMAC whose key is derived from all the API tokens. So a
-// session survives an API restart and works on every API instance with the same
-// LOCKS_API_TOKENS, and dropping a token from LOCKS_API_TOKENS ends its sessions at once.
-// The token itself never leaves the server. Logout clears the cookie; a copied cookie stays
-// valid until it expires (SessionTTL), as nothing is stored to revoke it.
+// Sessions are stateless: the cookie holds an expiry, a random nonce, a fingerprint of the
+// token signed in with (an HMAC under the sessions' key, so the cookie gives no way to test
+// guesses of the token) and the time of its last use, sealed with an HMAC whose key is
+// derived from all the API tokens. So a session survives an API restart and works on every
+// API instance with the same LOCKS_API_TOKENS, and dropping a token from LOCKS_API_TOKENS
+// ends its sessions at once. The token itself never leaves the server.
+//
+// A session unused for IdleTimeout ends (each use more than idleRefresh after the last one
+// rewrites the cookie's last-use time). Logout revokes the session's nonce on this process
+// until the session would have expired; on other API processes, a copied cookie still ends
+// at its idle timeout.
 
 const (
 	cookieName = "locks_session"
@@ -31,17 +37,32 @@ var errNoSession = errors.New("no valid session")
 
 type session struct {
 	expires time.Time
+	active  time.Time // last use, as the cookie says
 	nonce   [16]byte
 	token   string // the API token the session signed in with
 }
+
+// idleRefresh is how stale a cookie's last-use time may be before a use rewrites it: not at
+// every one of the panels' refreshes.
+const idleRefresh = time.Minute
+
+// maxRevoked bounds the revoked sessions remembered; past it the ones expiring first go.
+const maxRevoked = 100_000
+
+// cookie layout: expires (8) | nonce (16) | token fingerprint (16) | last use (8).
+const cookieBodyLen = 8 + 16 + 16 + 8
 
 type sessions struct {
 	key    []byte
 	tokens []string
 	ttl    time.Duration
+	idle   time.Duration
+
+	mu      sync.Mutex
+	revoked map[[16]byte]time.Time // nonce → the session's expiry
 }
 
-func newSessions(tokens []string, ttl time.Duration) *sessions {
+func newSessions(tokens []string, ttl, idle time.Duration) *sessions {
 	h := sha256.New()
 	h.Write([]byte("locks-ui-session-v1"))
 	sorted := slices.Clone(tokens)
@@ -50,12 +71,13 @@ func newSessions(tokens []string, ttl time.Duration) *sessions {
 		h.Write([]byte{0})
 		h.Write([]byte(t))
 	}
-	return &sessions{key: h.Sum(nil), tokens: tokens, ttl: ttl}
+	return &sessions{key: h.Sum(nil), tokens: tokens, ttl: ttl, idle: idle, revoked: map[[16]byte]time.Time{}}
 }
 
-func fingerprint(token string) []byte {
-	s := sha256.Sum256([]byte("locks-ui-token\x00" + token))
-	return s[:8]
+// fingerprint names token in a cookie: keyed, so that a stolen cookie is no oracle to test
+// token guesses against, and 128 bits long.
+func (s *sessions) fingerprint(token string) []byte {
+	return s.mac([]byte("locks-ui-token"), []byte(token))[:16]
 }
 
 func (s *sessions) mac(parts ...[]byte) []byte {
@@ -80,13 +102,58 @@ func (s *sessions) tokenValid(t string) bool {
 
 // issue makes the cookie of a new session for token (already checked).
 func (s *sessions) issue(w http.ResponseWriter, r *http.Request, token string, now time.Time) {
-	var body [8 + 16 + 8]byte
-	binary.BigEndian.PutUint64(body[:8], uint64(now.Add(s.ttl).Unix()))
-	_, _ = rand.Read(body[8:24])
-	copy(body[24:], fingerprint(token))
+	ses := session{expires: now.Add(s.ttl).Truncate(time.Second), active: now, token: token}
+	_, _ = rand.Read(ses.nonce[:])
+	s.write(w, r, ses, now)
+}
+
+// touch rewrites ses's cookie with now as its last use, when the cookie's is idleRefresh old.
+func (s *sessions) touch(w http.ResponseWriter, r *http.Request, ses session, now time.Time) {
+	if now.Sub(ses.active) < idleRefresh {
+		return
+	}
+	ses.active = now
+	s.write(w, r, ses, now)
+}
+
+func (s *sessions) write(w http.ResponseWriter, r *http.Request, ses session, now time.Time) {
+	var body [cookieBodyLen]byte
+	binary.BigEndian.PutUint64(body[:8], uint64(ses.expires.Unix()))
+	copy(body[8:24], ses.nonce[:])
+	copy(body[24:40], s.fingerprint(ses.token))
+	binary.BigEndian.PutUint64(body[40:], uint64(ses.active.Unix()))
 	v := base64.RawURLEncoding.EncodeToString(body[:]) + "." + base64.RawURLEncoding.EncodeToString(s.mac(body[:]))
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: v, Path: "/ui/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: isTLS(r), MaxAge: int(s.ttl.Seconds())})
+		SameSite: http.SameSiteStrictMode, Secure: isTLS(r), MaxAge: max(int(ses.expires.Sub(now).Seconds()), 1)})
+}
+
+// revoke ends ses on this process: its cookie is refused from now on.
+func (s *sessions) revoke(ses session, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for n, exp := range s.revoked {
+		if !now.Before(exp) {
+			delete(s.revoked, n)
+		}
+	}
+	for len(s.revoked) >= maxRevoked {
+		var first [16]byte
+		var at time.Time
+		for n, exp := range s.revoked {
+			if at.IsZero() || exp.Before(at) {
+				first, at = n, exp
+			}
+		}
+		delete(s.revoked, first)
+	}
+	s.revoked[ses.nonce] = ses.expires
+}
+
+func (s *sessions) isRevoked(nonce [16]byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.revoked[nonce]
+	return ok
 }
 
 func clearCookie(w http.ResponseWriter, r *http.Request) {
@@ -110,17 +177,21 @@ func (s *sessions) read(r *http.Request, now time.Time) (session, error) {
 	}
 	body, err1 := base64.RawURLEncoding.DecodeString(b64)
 	sig, err2 := base64.RawURLEncoding.DecodeString(sig64)
-	if err1 != nil || err2 != nil || len(body) != 32 || !hmac.Equal(sig, s.mac(body)) {
+	if err1 != nil || err2 != nil || len(body) != cookieBodyLen || !hmac.Equal(sig, s.mac(body)) {
 		return session{}, errNoSession
 	}
 	var ses session
 	ses.expires = time.Unix(int64(binary.BigEndian.Uint64(body[:8])), 0)
-	if !now.Before(ses.expires) {
+	ses.active = time.Unix(int64(binary.BigEndian.Uint64(body[40:])), 0)
+	if !now.Before(ses.expires) || (s.idle > 0 && now.Sub(ses.active) >= s.idle) {
 		return session{}, errNoSession
 	}
 	copy(ses.nonce[:], body[8:24])
+	if s.isRevoked(ses.nonce) {
+		return session{}, errNoSession
+	}
 	for _, t := range s.tokens {
-		if hmac.Equal(fingerprint(t), body[24:]) {
+		if hmac.Equal(s.fingerprint(t), body[24:40]) {
 			ses.token = t
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,6 +32,8 @@ var assets embed.FS
 // Defaults of Config.
 const (
 	SessionTTLDefault = 12 * time.Hour
+	// IdleTimeoutDefault ends a session unused this long (the panels' refreshes use it).
+	IdleTimeoutDefault = 30 * time.Minute
 	// RefreshDefault is how often the panels reload: the issue allows data at most 5 s old.
 	RefreshDefault = 3 * time.Second
 )
@@ -41,6 +44,8 @@ type Config struct {
 	Tokens []string
 	// SessionTTL is how long a sign-in lasts.
 	SessionTTL time.Duration
+	// IdleTimeout ends a session unused this long.
+	IdleTimeout time.Duration
 	// Refresh is the panels' polling period, at most 5 s.
 	Refresh time.Duration
 }
@@ -48,6 +53,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = SessionTTLDefault
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = IdleTimeoutDefault
 	}
 	if c.Refresh <= 0 {
 		c.Refresh = RefreshDefault
@@ -83,6 +91,8 @@ type UI struct {
 	pages    *template.Template
 	handler  http.Handler
 	signins  *prometheus.CounterVec
+	guard    *signinGuard
+	panels   *panelCache
 	now      func() time.Time
 }
 
@@ -101,9 +111,10 @@ func New(cfg Config, d Deps) (*UI, error) {
 		return nil, fmt.Errorf("ui: templates: %w", err)
 	}
 	u := &UI{cfg: cfg, log: d.Logger.With("part", "ui"), js: d.JS, api: newAPIClient(d.API),
-		sessions: newSessions(cfg.Tokens, cfg.SessionTTL), rates: newRateMeter(), pages: pages, now: time.Now,
+		sessions: newSessions(cfg.Tokens, cfg.SessionTTL, cfg.IdleTimeout), rates: newRateMeter(), pages: pages, now: time.Now,
+		guard: newSigninGuard(d.Logger.With("part", "ui")), panels: newPanelCache(),
 		signins: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "locks_ui_signins_total", Help: "Dashboard sign-in attempts, by result (ok, refused).",
+			Name: "locks_ui_signins_total", Help: "Dashboard sign-in attempts, by result (ok, refused, throttled).",
 		}, []string{"result"})}
 	if err := d.Registerer.Register(u.signins); err != nil {
 		return nil, fmt.Errorf("ui: metrics: %w", err)
@@ -144,7 +155,8 @@ type handler func(w http.ResponseWriter, r *http.Request, ses session)
 // refresh is told to reload the whole page there).
 func (u *UI) get(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ses, err := u.sessions.read(r, u.now())
+		now := u.now()
+		ses, err := u.sessions.read(r, now)
 		if err != nil {
 			if r.Header.Get("HX-Request") != "" {
 				w.Header().Set("HX-Redirect", "/ui/login")
@@ -154,6 +166,7 @@ func (u *UI) get(h handler) http.HandlerFunc {
 			http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 			return
 		}
+		u.sessions.touch(w, r, ses, now)
 		h(w, r, ses)
 	}
 }
@@ -162,7 +175,8 @@ func (u *UI) get(h handler) http.HandlerFunc {
 func (u *UI) post(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-		ses, err := u.sessions.read(r, u.now())
+		now := u.now()
+		ses, err := u.sessions.read(r, now)
 		if err != nil {
 			http.Error(w, "not signed in", http.StatusUnauthorized)
 			return
@@ -172,6 +186,7 @@ func (u *UI) post(h handler) http.HandlerFunc {
 			http.Error(w, "missing or wrong CSRF token", http.StatusForbidden)
 			return
 		}
+		u.sessions.touch(w, r, ses, now)
 		h(w, r, ses)
 	}
 }
@@ -197,19 +212,31 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	addr, now := clientAddr(r), u.now()
+	if wait := u.guard.wait(addr, now); wait > 0 {
+		// Too early after wrong tokens: not even read, so guessing is no faster for trying.
+		u.signins.WithLabelValues("throttled").Inc()
+		secs := int(wait.Round(time.Second) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+		u.render(w, http.StatusTooManyRequests, "login.html", map[string]any{
+			"Error": fmt.Sprintf("Too many wrong tokens from your address: try again in %d s.", max(secs, 1))})
+		return
+	}
 	token := r.PostFormValue("token")
 	if !u.sessions.tokenValid(token) {
 		u.signins.WithLabelValues("refused").Inc()
-		u.log.Warn("dashboard sign-in refused: not an API token", "remote", r.RemoteAddr)
+		u.guard.failed(addr, now)
 		u.render(w, http.StatusUnauthorized, "login.html", map[string]any{"Error": "That is not one of the API tokens (LOCKS_API_TOKENS)."})
 		return
 	}
+	u.guard.succeeded(addr)
 	u.signins.WithLabelValues("ok").Inc()
 	u.sessions.issue(w, r, token, u.now())
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
-func (u *UI) logout(w http.ResponseWriter, r *http.Request, _ session) {
+func (u *UI) logout(w http.ResponseWriter, r *http.Request, ses session) {
+	u.sessions.revoke(ses, u.now())
 	clearCookie(w, r)
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }

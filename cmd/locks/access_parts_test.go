@@ -198,4 +198,21 @@ func TestEachPartRunsWithItsOwnNATSUser(t *testing.T) {
 			t.Errorf("%s was refused something by NATS:\n%s", part, log)
 		}
 	}
+	// Every durable consumer the parts made is one the permission matrix knows (and denies
+	// to the other parts): a renamed consumer would otherwise lose its protection silently.
+	for _, stream := range []string{natsx.ReadingsStream, natsx.EventsStream, natsx.DeliveriesStream} {
+		st, err := admin.Stream(t.Context(), stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := st.ListConsumers(t.Context())
+		for ci := range l.Info() {
+			if ci.Config.Durable != "" && natsx.ConsumerOwner(stream, ci.Name, 2) == "" {
+				t.Errorf("durable consumer %s on %s is not in natsx's permission matrix", ci.Name, stream)
+			}
+		}
+		if err := l.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -101,7 +101,11 @@ func (v *violations) about(subject string) bool {
 func (a *accessServer) connect(t *testing.T, user string) (jetstream.JetStream, *violations) {
 	t.Helper()
 	v := &violations{}
-	return testenv.JetStream(t, a.url(user), "test-"+user, nats.ErrorHandler(v.handler)), v
+	opts := []nats.Option{nats.ErrorHandler(v.handler)}
+	if user != "admin" {
+		opts = append(opts, nats.CustomInboxPrefix(natsx.InboxPrefix(user)))
+	}
+	return testenv.JetStream(t, a.url(user), "test-"+user, opts...), v
 }
 
 func streamMsgs(t *testing.T, js jetstream.JetStream, name string) uint64 {

@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 func main() {
@@ -37,6 +38,7 @@ usage:
   locks replay --projection=state|history|all [--from-seq=N] [--drop-old] [flags]
   locks config --markdown
   locks healthcheck [--path=/readyz]   (exit 0 when the process at LOCKS_HTTP_ADDR is ready)
+  locks nats-accounts [--partition-count=N]   (prints deploy/nats/accounts.conf for N partitions)
   locks version
 
 The admin API (LOCKS_API_URL, LOCKS_API_TOKEN; default the local "go tool task up"):
@@ -68,7 +70,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return runConfig(args, stdout, stderr)
 	case "healthcheck":
 		return runHealthcheck(args, getenv, stdout, stderr)
-	case "run", "migrate", "loadgen", "replay":
+	case "run", "migrate", "loadgen", "replay", "nats-accounts":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -112,6 +114,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 	log := newLogger(stderr, cfg.LogLevel)
+	if cmd == "nats-accounts" {
+		conf, err := natsx.AccountsConf(cfg.Partitions)
+		if err != nil {
+			fmt.Fprintf(stderr, "locks: %v\n", err)
+			return 1
+		}
+		fmt.Fprint(stdout, conf)
+		return 0
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -19,8 +19,9 @@ import (
 
 // dialNATS connects to url with the credentials of cfg. embedded says url is the embedded
 // server of cfg.DataDir: then, unless LOCKS_NATS_NKEY or LOCKS_NATS_CREDS names another,
-// its own credential from the data dir is used.
-func dialNATS(cfg config.Config, url, name string, embedded bool, log *slog.Logger) (*nats.Conn, error) {
+// its own credential from the data dir is used. extra adds options (the inbox prefix of a
+// one-part process: natsOptionsFor).
+func dialNATS(cfg config.Config, url, name string, embedded bool, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	auth := cfg.NATSAuth
 	if embedded && auth.Nkey == "" && auth.Creds == "" {
 		auth = natsx.EmbeddedAuth(cfg.DataDir)
@@ -33,13 +34,13 @@ func dialNATS(cfg config.Config, url, name string, embedded bool, log *slog.Logg
 	if err != nil {
 		return nil, &config.Error{Var: "LOCKS_NATS_CREDS/NKEY/CA/CERT/KEY", Value: "(files)", Reason: err.Error()}
 	}
-	nc, err := natsx.Connect(url, name, log, opts...)
+	nc, err := natsx.Connect(url, name, log, append(opts, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	if err := natsx.CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("LOCKS_NATS_URL=%s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nc, nil
 }
@@ -57,7 +58,7 @@ func declareStreams(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		// An external server keeps its streams as they are.
 		AtomicPublish: cfg.NATSURL == "" && cfg.NATSSync.Always, AtomicPublishExact: cfg.NATSURL == ""})
 	if err != nil {
-		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), err)
+		return fmt.Errorf("NATS JetStream at %s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nil
 }
@@ -80,4 +81,15 @@ func declareNATS(ctx context.Context, cfg config.Config, log *slog.Logger) error
 	}
 	log.Info("declared NATS streams and buckets", "replicas", cfg.NATSReplicas, "partitions", cfg.Partitions)
 	return nil
+}
+
+// natsOptionsFor are the connection options of a process running targets: one part takes
+// its replies and pushed messages under that part's inbox prefix, the only one its NATS user
+// may subscribe to (natsx.PartPermissions); several parts in one process need a user allowed
+// everything, and keep the default prefix.
+func natsOptionsFor(targets []string) []nats.Option {
+	if len(targets) != 1 {
+		return nil
+	}
+	return []nats.Option{nats.CustomInboxPrefix(natsx.InboxPrefix(targets[0]))}
 }

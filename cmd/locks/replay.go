@@ -67,7 +67,7 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if doState {
 		var err error
 		if pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 		defer pool.Close()
 	}
@@ -75,10 +75,10 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if doHistory {
 		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
 		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: err.Error()}
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
 		}
 		if ch, err = clickhouse.Open(opts); err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
 		}
 		defer ch.Close()
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/alerter"
@@ -115,7 +113,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 		err := migrations.MigratePostgres(c, cfg.PostgresURL, log)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 	}
 	if ch {
@@ -125,7 +123,7 @@ func migrate(ctx context.Context, cfg config.Config, pg, ch bool, log *slog.Logg
 			Cluster: cfg.ClickHouseCluster, LockPostgresURL: cfg.PostgresURL}, log)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
 		}
 	}
 	return nil
@@ -233,7 +231,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfoGauge(readBuildInfo()))
-	presence, log := newPresence(log, reg)
+	presence, log := newPresence(log, reg, o.targets)
 	srv := ops.New(cfg.HTTPAddr, reg, log)
 	reg.MustRegister(srv.Readiness(ops.ReadinessReuseDefault))
 	if cfg.Pprof {
@@ -254,7 +252,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if usePG {
 		pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 		// Names this process's sessions in pg_stat_activity (and lock waits) unless the URL or
 		// PGAPPNAME already does.
@@ -269,7 +267,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
 		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), err)
+			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 		}
 		defer pool.Close()
 		d.pg = pool
@@ -279,21 +277,23 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if useCH {
 		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
 		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: err.Error()}
+			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
 		}
 		conn, err := clickhouse.Open(opts)
 		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), err)
+			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
 		}
 		defer conn.Close()
 		d.ch = conn
 		srv.AddCheck("clickhouse", func(ctx context.Context) error { return migrations.ClickHouseReady(ctx, conn) })
 	}
 	if o.any(needsAMQP) {
-		srv.AddCheck("rabbitmq", func(ctx context.Context) error { return amqpReachable(ctx, cfg.AMQPURL) })
-		if err := amqpReachable(ctx, cfg.AMQPURL); err != nil {
-			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), err)
+		probe := newAMQPProbe(cfg.AMQPURL)
+		defer probe.Close()
+		if err := probe.Check(ctx); err != nil {
+			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), redact.Error(err, cfg.AMQPURL))
 		}
+		srv.AddCheck("rabbitmq", probe.Check)
 	}
 
 	natsURL := cfg.NATSURL
@@ -302,7 +302,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
 		}
-		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, log)
+		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, cfg.Partitions, log)
 		if err != nil {
 			return err
 		}
@@ -313,7 +313,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 		}()
 		natsURL = embedded.ClientURL()
 	}
-	nc, err := dialNATS(cfg, natsURL, "locks", embedded != nil, log)
+	nc, err := dialNATS(cfg, natsURL, "locks", embedded != nil, log, natsOptionsFor(o.targets)...)
 	if err != nil {
 		return err
 	}
@@ -392,19 +392,6 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	case <-time.After(shutdownGrace):
 		return fmt.Errorf("parts did not stop within %s", shutdownGrace)
 	}
-}
-
-func amqpReachable(ctx context.Context, u string) error {
-	c, err := amqp.DialConfig(u, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		var d net.Dialer
-		return d.DialContext(dctx, network, addr)
-	}})
-	if err != nil {
-		return err
-	}
-	return c.Close()
 }
 
 // newAlerter wires the alerter; it watches projection lag through a rebuild runner of its

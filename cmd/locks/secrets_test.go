@@ -42,3 +42,52 @@ func TestRunFailuresHideURLPasswords(t *testing.T) {
 		})
 	}
 }
+
+// Issue 25, item 7: the forms that leaked. A keyword/value Postgres connection string, a NATS
+// token in the URL's user part, a ClickHouse URL's password in a parser's error, and the
+// path of the operator's alert webhook (where chat services keep their token): none shows in
+// what `locks run` prints when it cannot start.
+func TestRunFailuresHideEverySecretForm(t *testing.T) {
+	t.Parallel()
+	const secret = "hunter2SECRETvalue0123"
+	for _, c := range []struct {
+		name    string
+		env     []string
+		targets string
+	}{
+		{"postgres keyword DSN", []string{"LOCKS_POSTGRES_URL=host=127.0.0.1 port=" + freePort(t) + " user=locks password=" + secret + " dbname=locks connect_timeout=2"}, "state"},
+		{"nats token", []string{"LOCKS_NATS_URL=nats://" + secret + "@" + testenv.FreeAddr(t)}, "bridge"},
+		{"clickhouse password, bad port", []string{"LOCKS_CLICKHOUSE_URL=clickhouse://default:" + secret + "@127.0.0.1:x/locks"}, "history"},
+		{"clickhouse password, unreachable", []string{"LOCKS_CLICKHOUSE_URL=clickhouse://default:" + secret + "@" + testenv.FreeAddr(t) + "/locks?dial_timeout=1s"}, "history"},
+		{"clickhouse token user", []string{"LOCKS_CLICKHOUSE_URL=clickhouse://" + secret + "@" + testenv.FreeAddr(t) + "/locks?dial_timeout=1s"}, "history"},
+		{"alert webhook path", []string{"LOCKS_ALERT_WEBHOOK_URL=ftp://hooks.example.com/services/T0/" + secret}, "alerter"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			env := append([]string{"LOCKS_HTTP_ADDR=" + testenv.FreeAddr(t), "LOCKS_DATA_DIR=" + t.TempDir(), "GOGC=100",
+				"LOCKS_AMQP_URL=" + testenv.AMQPURL(), "LOCKS_NATS_LISTEN=" + testenv.FreeAddr(t)}, c.env...)
+			getenv := func(k string) string {
+				v := ""
+				for _, e := range env {
+					if name, val, _ := strings.Cut(e, "="); name == k {
+						v = val // the last one wins
+					}
+				}
+				return v
+			}
+			var stdout, stderr bytes.Buffer
+			code := run([]string{"run", "--targets=" + c.targets}, getenv, &stdout, &stderr)
+			if code == 0 {
+				t.Fatalf("exit 0, want a failure:\n%s", stderr.String())
+			}
+			if out := stdout.String() + stderr.String(); strings.Contains(out, secret) {
+				t.Fatalf("the output shows the secret:\n%s", out)
+			}
+		})
+	}
+}
+
+func freePort(t *testing.T) string {
+	_, port, _ := strings.Cut(testenv.FreeAddr(t), ":")
+	return port
+}

@@ -139,6 +139,41 @@ func TestClusterSmoke(t *testing.T) {
 			t.Errorf("sensor %s: %d webhooks, want 1", id, got[id])
 		}
 	}
+
+	// Issue 25, item 2, on the clustered servers: the api and history users may not delete,
+	// pause or reset the notifier's EVENTS consumer, nor write its processes' registry keys.
+	var notifierConsumer string
+	for p := range partitions {
+		if _, err := nc.Request("$JS.API.CONSUMER.INFO.EVENTS.notifier-"+fmt.Sprint(p), nil, 5*time.Second); err == nil {
+			notifierConsumer = "notifier-" + fmt.Sprint(p)
+			break
+		}
+	}
+	if notifierConsumer == "" {
+		t.Fatal("no notifier consumer on EVENTS")
+	}
+	for _, user := range []string{"api", "history"} {
+		unc, err := nats.Connect(c.NATSURL(user), nats.CustomInboxPrefix("_INBOX_"+user), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, subj := range []string{
+			"$JS.API.CONSUMER.DELETE.EVENTS." + notifierConsumer,
+			"$JS.API.CONSUMER.PAUSE.EVENTS." + notifierConsumer,
+			"$JS.API.CONSUMER.RESET.EVENTS." + notifierConsumer,
+			"$JS.API.CONSUMER.LEADER.STEPDOWN.EVENTS." + notifierConsumer,
+			"$KV.processes.notifier.forged",
+		} {
+			if _, err := unc.Request(subj, []byte(`{}`), time.Second); err == nil {
+				t.Errorf("the %s user's request to %s was answered", user, subj)
+			}
+		}
+		unc.Close()
+	}
+	if msg, err := nc.Request("$JS.API.CONSUMER.INFO.EVENTS."+notifierConsumer, nil, 5*time.Second); err != nil ||
+		strings.Contains(string(msg.Data), `"error"`) || strings.Contains(string(msg.Data), `"paused":true`) {
+		t.Fatalf("the notifier's consumer after the attempts: %v %s", err, msg.Data)
+	}
 }
 
 func call(t *testing.T, base, token, method, path string, in, out any) {

@@ -63,11 +63,14 @@ func alertSettings() []setting {
 			return nil
 		}},
 		{"LOCKS_ALERT_MASS_LOSS_MIN", "10", "fewest sensors lost together for mass_loss", positive(func(a *Alerts) *int { return &a.MassLossMin })},
-		{"LOCKS_ALERT_SMTP_URL", "", "smtp://user:pass@host:port (STARTTLS when the server offers it) or smtps://... (TLS) for the alert e-mails; empty: no e-mail", func(c *Config, v string) error {
+		{"LOCKS_ALERT_SMTP_URL", "", "smtp://user:pass@host:port (STARTTLS required; ?tls=none to send in the clear) or smtps://... (TLS) for the alert e-mails; empty: no e-mail", func(c *Config, v string) error {
 			if v != "" {
 				u, err := url.Parse(v)
 				if err != nil || (u.Scheme != "smtp" && u.Scheme != "smtps") || u.Hostname() == "" {
 					return errors.New("must be smtp://[user:pass@]host[:port] or smtps://… (percent-encode / ? # @ : in the user name or password)")
+				}
+				if m := u.Query().Get("tls"); m != "" && m != "starttls" && (m != "none" || u.Scheme != "smtp") {
+					return errors.New("tls= must be starttls (the default) or none (smtp:// only)")
 				}
 			}
 			c.Alerts.SMTPURL = v

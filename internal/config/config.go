@@ -350,12 +350,11 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 		if set[FlagName(s.env)] {
 			v, name, given[s.env] = *flags[s.env], "--"+FlagName(s.env), true
 		}
-		if placeholder(s.env, v) {
-			return Config{}, &Error{Var: name, Value: shown(s.env, v),
-				Reason: "holds the placeholder CHANGE_ME of an example file: set the real secret"}
+		if err := RefusePlaceholders(v); err != nil {
+			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
 		}
 		if err := s.set(&c, v); err != nil {
-			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: err.Error()}
+			return Config{}, &Error{Var: name, Value: shown(s.env, v), Reason: hiddenIn(s.env, v, err.Error())}
 		}
 	}
 	if err := c.retentionGiven(given); err != nil {
@@ -376,6 +375,24 @@ func Load(getenv func(string) string, fs *flag.FlagSet, flags map[string]*string
 	return c, nil
 }
 
+// placeholders are what the example files (deploy/systemd/locks.env.example,
+// deploy/compose/example.env, the Helm values) put where a secret goes.
+var placeholders = []string{"CHANGE_ME", "CHANGEME", "CHANGE-ME"}
+
+// RefusePlaceholders refuses a setting's value that still holds an example file's
+// placeholder: a copied example must not start with a password or token everybody knows
+// (and one that, for the API tokens, passes the length check). The one place that decides
+// what a placeholder is.
+func RefusePlaceholders(v string) error {
+	up := strings.ToUpper(v)
+	for _, p := range placeholders {
+		if strings.Contains(up, p) {
+			return fmt.Errorf("holds the placeholder %s of an example file: replace it with the real value", p)
+		}
+	}
+	return nil
+}
+
 // secretURLs are the variables whose URLs may carry a password.
 var secretURLs = []string{"LOCKS_AMQP_URL", "LOCKS_POSTGRES_URL", "LOCKS_CLICKHOUSE_URL", "LOCKS_NATS_URL"}
 
@@ -390,10 +407,35 @@ func shown(env, v string) string {
 		return redact.URL(v)
 	case env == "LOCKS_ALERT_WEBHOOK_SECRET":
 		return redact.Mask
+	case env == "LOCKS_ALERT_WEBHOOK_URL":
+		// Chat services put the token in the path.
+		return redact.HostOnly(v)
 	case slices.Contains(alertSecrets, env):
 		return redact.URL(v)
 	}
 	return v
+}
+
+// hiddenIn is an error's text about variable env with value v, without v's secrets: a URL
+// parser quotes the URL it failed on.
+func hiddenIn(env, v, text string) string {
+	switch {
+	case env == "LOCKS_API_TOKENS" || env == "LOCKS_ALERT_WEBHOOK_SECRET":
+		for _, tok := range strings.Split(v, ",") {
+			if tok = strings.TrimSpace(tok); len(tok) >= 3 {
+				text = strings.ReplaceAll(text, tok, redact.Mask)
+			}
+		}
+		return text
+	case env == "LOCKS_ALERT_WEBHOOK_URL":
+		if v != "" {
+			text = strings.ReplaceAll(text, v, redact.HostOnly(v))
+		}
+		return redact.In(text, v)
+	case slices.Contains(secretURLs, env) || slices.Contains(alertSecrets, env):
+		return redact.In(text, v)
+	}
+	return text
 }
 
 func lookup(getenv func(string) string, k string) (string, bool) {

@@ -3,6 +3,7 @@ package config_test
 import (
 	"errors"
 	"flag"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +89,49 @@ func TestFlagOverridesEnvironment(t *testing.T) {
 	_ = fs2.Parse([]string{"--lost-after=xyz"})
 	if _, err := config.Load(func(string) string { return "" }, fs2, vals2); err == nil || !strings.Contains(err.Error(), "--lost-after") {
 		t.Fatalf("bad flag: %v, want an error naming --lost-after", err)
+	}
+}
+
+// Issue 25, item 10: every LOCKS_ setting the example files give a placeholder (CHANGE_ME
+// and the like) is refused at start, naming the variable; a flag too.
+func TestPlaceholdersRefused(t *testing.T) {
+	t.Parallel()
+	found := 0
+	for _, f := range []string{"../../deploy/systemd/locks.env.example", "../../deploy/compose/example.env"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "#"), "=")
+			if !ok || !strings.HasPrefix(k, "LOCKS_") || config.RefusePlaceholders(v) == nil {
+				continue
+			}
+			if _, known := config.Register(flag.NewFlagSet("x", flag.ContinueOnError))[k]; !known {
+				continue // a variable of the NATS server's, not of locks
+			}
+			found++
+			_, err := config.Load(func(name string) string {
+				if name == k {
+					return v
+				}
+				return ""
+			}, nil, nil)
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.Var != k || !strings.Contains(err.Error(), "placeholder") {
+				t.Errorf("%s=%s from %s: error %v, want the placeholder refused", k, v, f, err)
+			}
+		}
+	}
+	if found < 4 {
+		t.Fatalf("only %d placeholders found in the example files", found)
+	}
+	fs := flag.NewFlagSet("locks run", flag.ContinueOnError)
+	vals := config.Register(fs)
+	if err := fs.Parse([]string{"--api-tokens=change_me_0123456789abcdef"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := config.Load(func(string) string { return "" }, fs, vals); err == nil || !strings.Contains(err.Error(), "--api-tokens") {
+		t.Fatalf("a placeholder given as a flag: %v", err)
 	}
 }

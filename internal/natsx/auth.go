@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -79,8 +80,40 @@ func EmbeddedNkeyFile(dataDir string) string { return filepath.Join(dataDir, "na
 
 // EmbeddedUser returns the public key of the embedded server's user, making its seed in
 // EmbeddedNkeyFile (mode 0600) the first time, as the API token is kept in the data dir.
-func EmbeddedUser(dataDir string) (string, error) {
-	path := EmbeddedNkeyFile(dataDir)
+func EmbeddedUser(dataDir string) (string, error) { return nkeyUser(EmbeddedNkeyFile(dataDir)) }
+
+// EmbeddedPartNkeyFile is where the embedded server's user for part keeps its nkey seed: a
+// process running only that part connects with it (LOCKS_NATS_NKEY) and gets only that
+// part's row of the permission matrix (PartPermissions).
+func EmbeddedPartNkeyFile(dataDir, part string) string {
+	return filepath.Join(dataDir, "nats-"+part+".nk")
+}
+
+// EmbeddedPartAuth is how a process running only part authenticates to the embedded server
+// of data dir dir.
+func EmbeddedPartAuth(dir, part string) Auth { return Auth{Nkey: EmbeddedPartNkeyFile(dir, part)} }
+
+// embeddedPartUsers are the per-part users of the embedded server, their seeds made once in
+// dataDir as the operator's is.
+func embeddedPartUsers(dataDir string, partitions int) ([]*server.NkeyUser, error) {
+	var users []*server.NkeyUser
+	for _, part := range Parts {
+		pub, err := nkeyUser(EmbeddedPartNkeyFile(dataDir, part))
+		if err != nil {
+			return nil, err
+		}
+		perms, err := PartPermissions(part, partitions)
+		if err != nil {
+			return nil, err
+		}
+		users = append(users, &server.NkeyUser{Nkey: pub, Permissions: perms.server()})
+	}
+	return users, nil
+}
+
+// nkeyUser returns the public key of the user whose seed is in path, making the seed (mode
+// 0600) the first time.
+func nkeyUser(path string) (string, error) {
 	seed, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		if seed, err = newUserSeed(path); err != nil {

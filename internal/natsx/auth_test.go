@@ -24,7 +24,7 @@ func TestEmbeddedRequiresItsCredential(t *testing.T) {
 	log := testenv.Logger(t)
 	var first []byte
 	for run := range 2 {
-		ns, err := natsx.Embedded(dir, "127.0.0.1:0", natsx.Sync{Always: true}, log)
+		ns, err := natsx.Embedded(dir, "127.0.0.1:0", natsx.Sync{Always: true}, 4, log)
 		if err != nil {
 			t.Fatal(err)
 		}

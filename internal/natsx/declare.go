@@ -245,7 +245,8 @@ func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error
 			"LOCKS_PARTITIONS as it was, or replay into a new stream", ErrIncompatible, want.Name,
 			transformString(have.SubjectTransform), transformString(want.SubjectTransform))
 	}
-	if !sameSet(have.Subjects, want.Subjects) {
+	grows := subset(have.Subjects, want.Subjects) && want.SubjectTransform == nil
+	if !sameSet(have.Subjects, want.Subjects) && !grows {
 		return have, fmt.Errorf("%w: stream %s has subjects %q, this system publishes to %q; "+
 			"set them back (nats stream edit %s --subjects …)", ErrIncompatible, want.Name,
 			have.Subjects, want.Subjects, want.Name)
@@ -262,6 +263,10 @@ func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error
 			have.Retention, want.Retention, want.Name, want.Retention)
 	}
 	next := have
+	if grows {
+		// Subjects added (LOGS' per-part subjects): nothing stored moves.
+		next.Subjects = want.Subjects
+	}
 	next.Replicas = max(have.Replicas, want.Replicas)
 	next.Duplicates = max(have.Duplicates, want.Duplicates)
 	if have.MaxAge > 0 {
@@ -275,6 +280,16 @@ func reconcile(have, want jetstream.StreamConfig) (jetstream.StreamConfig, error
 		next.Description = want.Description
 	}
 	return next, nil
+}
+
+// subset says every subject of a is in b.
+func subset(a, b []string) bool {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
 }
 
 func sameSet(a, b []string) bool {

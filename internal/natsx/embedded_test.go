@@ -34,7 +34,7 @@ func TestEmbeddedSyncPolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ns, err := natsx.Embedded(t.TempDir(), "127.0.0.1:0", cfg.NATSSync, testenv.Logger(t))
+			ns, err := natsx.Embedded(t.TempDir(), "127.0.0.1:0", cfg.NATSSync, 4, testenv.Logger(t))
 			if err != nil {
 				t.Fatal(err)
 			}

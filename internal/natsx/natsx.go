@@ -103,9 +103,15 @@ func (s Sync) String() string {
 
 // Embedded runs a NATS server with JetStream in this process, storing under dir and
 // listening on listen (host:port; port 0 picks a free port), syncing its store as sync says.
-// It admits only the user of EmbeddedUser(dir): connect with EmbeddedAuth(dir).
-func Embedded(dir, listen string, sync Sync, log *slog.Logger) (*server.Server, error) {
+// It admits only the user of EmbeddedUser(dir), allowed everything (connect with
+// EmbeddedAuth(dir)), and one user per part allowed only that part's row of the permission
+// matrix for a system of partitions (EmbeddedPartAuth).
+func Embedded(dir, listen string, sync Sync, partitions int, log *slog.Logger) (*server.Server, error) {
 	user, err := EmbeddedUser(dir)
+	if err != nil {
+		return nil, err
+	}
+	parts, err := embeddedPartUsers(dir, partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +137,7 @@ func Embedded(dir, listen string, sync Sync, log *slog.Logger) (*server.Server, 
 		// Readings are small; a batch of publishes must not be cut by the default payload.
 		MaxPayload: 1 << 20,
 		// Anyone who reaches the port could otherwise write READINGS and EVENTS.
-		Nkeys: []*server.NkeyUser{{Nkey: user}},
+		Nkeys: append([]*server.NkeyUser{{Nkey: user}}, parts...),
 	}
 	switch {
 	case sync.Always:
@@ -172,7 +178,7 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 				log.Warn("NATS disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", redact.URL(c.ConnectedUrl())) }),
 		// A publish or subscription the server's permissions refuse is reported only here;
 		// a refused JetStream API request otherwise just times out.
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -185,7 +191,7 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 	}, extra...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(url), redact.Error(err, url))
 	}
 	return nc, nil
 }

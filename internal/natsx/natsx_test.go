@@ -3,6 +3,7 @@ package natsx_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +141,32 @@ func TestDeclareAtomicPublishExactOnlyWhenAsked(t *testing.T) {
 			t.Fatalf("%s: %v", st.name, err)
 		}
 		check(st.name, st.want)
+	}
+}
+
+// A LOGS stream declared before the per-part subjects gets them added in place, its
+// messages kept; a stream's subjects are otherwise still never changed behind its back.
+func TestDeclareAddsLogsPerPartSubjects(t *testing.T) {
+	t.Parallel()
+	e := testenv.NATS(t)
+	if _, err := e.JS.CreateStream(t.Context(), jetstream.StreamConfig{Name: natsx.LogsStream, Subjects: []string{"locks.logs.*"},
+		Storage: jetstream.FileStorage, Retention: jetstream.LimitsPolicy, MaxMsgs: natsx.LogsMaxMsgs}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.JS.Publish(t.Context(), "locks.logs.old-process", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := natsx.Declare(t.Context(), e.JS, natsx.StreamsConfig{Partitions: 2, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.JS.Stream(t.Context(), natsx.LogsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := s.CachedInfo(); !slices.Contains(info.Config.Subjects, "locks.logs.*.*") || info.State.Msgs != 1 {
+		t.Fatalf("LOGS after Declare: subjects %v, %d messages", info.Config.Subjects, info.State.Msgs)
+	}
+	if _, err := e.JS.Publish(t.Context(), natsx.LogsSubject(natsx.ProcessKey("state", "p1")), []byte(`{}`)); err != nil {
+		t.Fatal(err)
 	}
 }

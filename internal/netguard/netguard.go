@@ -33,6 +33,7 @@ var ranges = []blocked{
 	r("169.254.0.0/16", "link-local"),
 	r("172.16.0.0/12", "private"),
 	r("192.0.0.0/24", "IETF protocol assignments"),
+	r("192.88.99.0/24", "6to4 relay anycast"), // deprecated (RFC 7526); relays reach anywhere
 	r("192.168.0.0/16", "private"),
 	r("198.18.0.0/15", "benchmarking"),
 	r("224.0.0.0/4", "multicast"),
@@ -43,6 +44,9 @@ var ranges = []blocked{
 	r("::1/128", "loopback"),
 	r("64:ff9b:1::/48", "local-use NAT64"),
 	r("100::/64", "discard-only"),
+	// Teredo carries an obfuscated IPv4 address and is reached through a relay that tunnels
+	// to it: the address a connection ends at is not the one judged.
+	r("2001::/32", "Teredo"),
 	r("fc00::/7", "private"), // unique local
 	r("fe80::/10", "link-local"),
 	r("fec0::/10", "site-local"),

@@ -148,3 +148,25 @@ func TestServerClosesSlowAndIdleConnections(t *testing.T) {
 		t.Errorf("an idle kept-alive connection: %v", err)
 	}
 }
+
+// A request whose header exceeds MaxHeaderBytes is refused with 431 before any handler
+// runs; one just under it is served.
+func TestHeaderBytesCapped(t *testing.T) {
+	t.Parallel()
+	base := serve(t, ops.New("127.0.0.1:0", prometheus.NewRegistry(), testenv.Logger(t)))
+	for _, tc := range []struct {
+		size int
+		want int
+	}{{ops.MaxHeaderBytes / 2, http.StatusOK}, {ops.MaxHeaderBytes + 8<<10, http.StatusRequestHeaderFieldsTooLarge}} {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, base+"/healthz", nil)
+		req.Header.Set("X-Filler", strings.Repeat("a", tc.size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("a %d-byte header: %d, want %d", tc.size, resp.StatusCode, tc.want)
+		}
+	}
+}

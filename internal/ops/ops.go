@@ -39,6 +39,10 @@ type Timeouts struct {
 	Idle time.Duration
 }
 
+// MaxHeaderBytes bounds a request's header (Go's default is 1 MiB): a bearer token, a
+// session cookie and a browser's usual headers fit in far less.
+const MaxHeaderBytes = 64 << 10
+
 // DefaultTimeouts are the server's timeouts unless SetTimeouts changes them.
 var DefaultTimeouts = Timeouts{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Idle: 2 * time.Minute}
 
@@ -53,12 +57,15 @@ type Server struct {
 	checks  map[string]Check
 	last    map[string]string // each check's last result, to log changes once
 	details func(*http.Request) bool
+
+	rounds roundCache // /readyz's and locks_ready's cached rounds of checks
 }
 
 // New builds a server on addr exposing the metrics of g.
 func New(addr string, g prometheus.Gatherer, log *slog.Logger) *Server {
 	s := &Server{addr: addr, log: log, mux: http.NewServeMux(), timeouts: DefaultTimeouts,
 		checks: map[string]Check{}, last: map[string]string{}}
+	s.rounds = roundCache{run: s.ready, every: ReadyEveryDefault}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
@@ -176,9 +183,9 @@ func (s *Server) logChanges(res map[string]string) {
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), readinessTimeout)
 	defer cancel()
-	full, checks := s.ready(ctx)
+	full, checks := s.rounds.get(ctx, s.rounds.interval())
 	s.mu.Lock()
 	details := s.details
 	s.mu.Unlock()
@@ -211,7 +218,7 @@ func (s *Server) Listen() (net.Listener, error) {
 // Serve serves on ln until ctx is done, then shuts down within 5 s.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: s.timeouts.ReadHeader,
-		ReadTimeout: s.timeouts.Read, IdleTimeout: s.timeouts.Idle}
+		ReadTimeout: s.timeouts.Read, IdleTimeout: s.timeouts.Idle, MaxHeaderBytes: MaxHeaderBytes}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("HTTP listening", "addr", ln.Addr().String(), "paths", "/healthz /readyz /metrics")

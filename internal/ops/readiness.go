@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,8 +20,9 @@ const readinessTimeout = 3 * time.Second
 // databases and RabbitMQ, and a load generator scrapes every second.
 const ReadinessReuseDefault = 10 * time.Second
 
-// Readiness is a collector of locks_ready that runs the server's checks at a scrape, and
-// answers later scrapes with their results for reuse (0: checks at every scrape).
+// Readiness is a collector of locks_ready that answers a scrape with the last round of the
+// server's checks if it is younger than reuse, else runs a round (shared with /readyz: at
+// most one round runs at a time).
 func (s *Server) Readiness(reuse time.Duration) prometheus.Collector {
 	return &readiness{s: s, reuse: reuse}
 }
@@ -30,22 +30,14 @@ func (s *Server) Readiness(reuse time.Duration) prometheus.Collector {
 type readiness struct {
 	s     *Server
 	reuse time.Duration
-	mu    sync.Mutex
-	at    time.Time
-	last  map[string]string
 }
 
 func (r *readiness) Describe(ch chan<- *prometheus.Desc) { ch <- readyDesc }
 
 func (r *readiness) Collect(ch chan<- prometheus.Metric) {
-	r.mu.Lock()
-	if r.last == nil || time.Since(r.at) >= r.reuse {
-		ctx, cancel := context.WithTimeout(context.Background(), readinessTimeout)
-		r.last, r.at = r.s.Ready(ctx), time.Now()
-		cancel()
-	}
-	res := r.last
-	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), readinessTimeout)
+	res, _ := r.s.rounds.get(ctx, r.reuse)
+	cancel()
 	for name, status := range res {
 		v := 0.0
 		if status == "ok" {

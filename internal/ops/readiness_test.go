@@ -18,18 +18,21 @@ import (
 func TestReadinessMetricFollowsChecks(t *testing.T) {
 	t.Parallel()
 	reg, cached := prometheus.NewRegistry(), prometheus.NewRegistry()
-	s := ops.New("127.0.0.1:0", reg, testenv.Logger(t))
+	// Two servers: one server's collectors share its rounds of checks.
+	s, s2 := ops.New("127.0.0.1:0", reg, testenv.Logger(t)), ops.New("127.0.0.1:0", cached, testenv.Logger(t))
 	reg.MustRegister(s.Readiness(0))
-	cached.MustRegister(s.Readiness(time.Hour))
+	cached.MustRegister(s2.Readiness(time.Hour))
 	var down atomic.Bool
 	down.Store(true)
-	s.AddCheck("postgres", func(context.Context) error {
-		if down.Load() {
-			return errors.New("connection refused")
-		}
-		return nil
-	})
-	s.AddCheck("nats", func(context.Context) error { return nil })
+	for _, s := range []*ops.Server{s, s2} {
+		s.AddCheck("postgres", func(context.Context) error {
+			if down.Load() {
+				return errors.New("connection refused")
+			}
+			return nil
+		})
+		s.AddCheck("nats", func(context.Context) error { return nil })
+	}
 	ready := func(g prometheus.Gatherer) map[string]float64 {
 		mfs, err := g.Gather()
 		if err != nil {

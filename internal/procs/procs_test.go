@@ -213,3 +213,49 @@ func dropped(t *testing.T, tee *procs.LogTee, reason string) float64 {
 	}
 	return 0
 }
+
+// Issue 25, item 6: a process's key carries its part (natsx.ProcessKey), and List shows an
+// entry only when its key may say what its value says: a part's key speaks for a process of
+// that part alone, with the key's id; "all" keys and bare ids come from a user allowed
+// everything. So a part whose user writes its own keys cannot list a process of another part.
+func TestListSkipsEntriesTheirKeyDoesNotVouchFor(t *testing.T) {
+	t.Parallel()
+	n := testenv.NATS(t)
+	declare(t, n.JS)
+	r, err := procs.New(procs.Config{ID: "h-1-aaaa", Part: "state", Parts: []string{"state"}, Version: "v",
+		Interval: time.Hour}, procs.Deps{Logger: testenv.Logger(t), JS: n.JS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.RunPart(t, "registry", r.Run, 5*time.Second)
+	kv, err := n.JS.KeyValue(t.Context(), natsx.ProcessesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the state process's key", func() bool {
+		_, err := kv.Get(t.Context(), natsx.ProcessKey("state", "h-1-aaaa"))
+		return err == nil
+	})
+	put := func(key string, i procs.Info) {
+		b, _ := json.Marshal(i)
+		if _, err := kv.Put(t.Context(), key, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().UTC()
+	put(natsx.ProcessKey("state", "h-2-bbbb"), procs.Info{ID: "h-2-bbbb", Parts: []string{"notifier"}, UpdatedAt: now})     // another part
+	put(natsx.ProcessKey("state", "h-3-cccc"), procs.Info{ID: "h-9-9999", Parts: []string{"state"}, UpdatedAt: now})        // another id
+	put(natsx.ProcessKey("state", "h-4-dddd"), procs.Info{ID: "h-4-dddd", Parts: []string{"state", "api"}, UpdatedAt: now}) // more parts
+	put(natsx.ProcessKey(natsx.ProcessAll, "h-5-eeee"), procs.Info{ID: "h-5-eeee", Parts: []string{"api", "state"}, UpdatedAt: now})
+	l, err := procs.List(t.Context(), n.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, i := range l {
+		ids = append(ids, i.ID)
+	}
+	if !slices.Equal(ids, []string{"h-1-aaaa", "h-5-eeee"}) {
+		t.Fatalf("listed %v, want the state process and the all process only", ids)
+	}
+}

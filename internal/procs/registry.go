@@ -57,7 +57,10 @@ const IntervalDefault = 5 * time.Second
 
 // Config describes the process being registered.
 type Config struct {
-	ID       string // NewID; required
+	ID string // NewID; required
+	// Part prefixes the registry key (natsx.ProcessKey, natsx.ProcessPart); "" keeps the
+	// bare id, which only a user allowed everything may write.
+	Part     string
 	Parts    []string
 	Version  string
 	HTTPAddr string
@@ -150,8 +153,16 @@ func (r *Registry) put(ctx context.Context, kv *jetstream.KeyValue) error {
 	if err != nil {
 		return err
 	}
-	_, err = (*kv).Put(c, r.cfg.ID, v)
+	_, err = (*kv).Put(c, r.key(), v)
 	return err
+}
+
+// key is the process's registry key.
+func (r *Registry) key() string {
+	if r.cfg.Part == "" {
+		return r.cfg.ID
+	}
+	return natsx.ProcessKey(r.cfg.Part, r.cfg.ID)
 }
 
 // remove deletes the key on a clean stop, within a short bound of its own: ctx is done.
@@ -165,7 +176,7 @@ func (r *Registry) remove(kv jetstream.KeyValue) {
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		err := kv.Delete(c, r.cfg.ID)
+		err := kv.Delete(c, r.key())
 		if err == nil {
 			return
 		}
@@ -174,6 +185,21 @@ func (r *Registry) remove(kv jetstream.KeyValue) {
 			return
 		}
 	}
+}
+
+// keyMatches says the entry under key may say what i says: a key "<part>.<id>" holds process
+// id running part alone (a part's NATS user may write only its part's keys, so it cannot
+// speak for another part's processes); "all.<id>" and a bare id are written by a user allowed
+// everything.
+func keyMatches(key string, i Info) bool {
+	part, id, ok := strings.Cut(key, ".")
+	if !ok {
+		return key == i.ID
+	}
+	if id != i.ID {
+		return false
+	}
+	return part == natsx.ProcessAll || len(i.Parts) == 1 && i.Parts[0] == part
 }
 
 // List reads the processes registered now (stale ones included: see Info.Stale), by id.
@@ -199,8 +225,8 @@ func List(ctx context.Context, js jetstream.JetStream) ([]Info, error) {
 				return out, nil
 			}
 			var i Info
-			if json.Unmarshal(e.Value(), &i) != nil {
-				continue // not ours: anyone with access may write the bucket
+			if json.Unmarshal(e.Value(), &i) != nil || !keyMatches(e.Key(), i) {
+				continue // not ours, or forged: a part's user writes only its own part's keys
 			}
 			out = append(out, i)
 		}
