@@ -136,7 +136,9 @@ func (s *session) heartbeat(ctx context.Context) {
 	now := time.Now()
 	if now.Sub(s.lastPut) >= heartbeatEvery {
 		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		hctx, cancelLost := natsx.UntilLost(hctx, s.js.Conn())
 		_ = s.record(hctx, s.last.Acked, s.last.Since)
+		cancelLost()
 		cancel()
 	}
 	if now.Sub(s.lastPrune) < heartbeatEvery || now.Sub(s.started) < staleAfter {

@@ -20,7 +20,11 @@ var retryPolicy = backoff.Policy{Min: 100 * time.Millisecond, Max: 2 * time.Seco
 func (b *Bridge) recordSession(ctx context.Context, sess *session, tag uint64, since time.Time) error {
 	for attempt := 1; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+		// A record whose connection is lost is written again at once: RabbitMQ's acks, and
+		// with them every reading behind its window, wait for it.
+		rctx, cancelLost := natsx.UntilLost(rctx, b.js.Conn())
 		err := sess.record(rctx, tag, since)
+		cancelLost()
 		cancel()
 		if err == nil {
 			return nil

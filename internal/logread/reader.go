@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
 // Spec says which consumer a Reader reads and where it starts.
@@ -248,7 +250,10 @@ func (r *Reader) Fetch(ctx context.Context, n int, wait time.Duration) ([]jetstr
 	return msgs, err
 }
 
-func (r *Reader) fetchOnce(ctx context.Context, n int, wait time.Duration) (_ []jetstream.Msg, gap bool, _ error) {
+func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ []jetstream.Msg, gap bool, _ error) {
+	// Requests end with the connection they went out on: their answers would never come.
+	ctx, cancel := natsx.UntilLost(pctx, r.js.Conn())
+	defer cancel()
 	if r.cons == nil || r.stale {
 		if err := r.open(ctx); err != nil {
 			return nil, false, err
@@ -283,6 +288,8 @@ func (r *Reader) fetchOnce(ctx context.Context, n int, wait time.Duration) (_ []
 		out = append(out, m)
 	}
 	switch {
+	case err != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
+		reason, err = "the NATS connection was lost", nil
 	case err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil,
 		err != nil && strings.Contains(err.Error(), "MaxAckPending"):
 		// Nothing more now: the wait ran out, or the part holds as many as it may.
@@ -299,6 +306,8 @@ func (r *Reader) fetchOnce(ctx context.Context, n int, wait time.Duration) (_ []
 		switch {
 		case errors.Is(ierr, jetstream.ErrConsumerNotFound):
 			reason = "consumer gone"
+		case ierr != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
+			reason = "the NATS connection was lost"
 		case ierr != nil:
 			err = ierr
 		case info.Delivered.Consumer > r.cseq:

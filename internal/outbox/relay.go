@@ -253,6 +253,10 @@ func (r *Relay) read(ctx context.Context, q querier) ([]Row, error) {
 // publish sends rows in waves of at most one row per Key and returns those acknowledged;
 // the first failed wave ends it.
 func (r *Relay) publish(ctx context.Context, rows []Row) ([]Row, error) {
+	// Publishes whose connection is lost fail at once (their acks would never come), and the
+	// round is tried again when NATS is back, instead of after AckTimeout.
+	ctx, cancel := natsx.UntilLost(ctx, r.js.Conn())
+	defer cancel()
 	var waves [][]Row
 	nth := make(map[string]int, len(rows))
 	for _, o := range rows {
