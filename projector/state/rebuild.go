@@ -236,7 +236,12 @@ func (r *Rebuild) plan(ctx context.Context) (eventsTruncated bool, _ error) {
 		if err := r.pg.QueryRow(ctx, `SELECT count(*) FROM sensor_state`).Scan(&live); err != nil {
 			return false, fmt.Errorf("count sensor_state: %w", err)
 		}
-		if live == 0 {
+		es, err := logread.StreamState(ctx, r.js, natsx.EventsStream)
+		if err != nil {
+			return false, err
+		}
+		// Without events published, no receiver has seen an id that could come again.
+		if live == 0 && es.LastSeq > 0 {
 			return false, fmt.Errorf("%w: READINGS starts at sequence %d and sensor_state is empty, so the sensors' revisions so far are known nowhere; "+
 				"a rebuild would number them from 1 again and reuse event ids that receivers have already seen: restore sensor_state from a backup first",
 				rebuild.ErrLogTruncated, s.FirstSeq)

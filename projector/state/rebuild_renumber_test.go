@@ -1,7 +1,9 @@
 package state
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 )
 
 // A rebuild from a READINGS whose oldest readings were dropped by its limits (a max age)
@@ -87,5 +90,42 @@ func TestStateRebuildAfterTruncationKeepsRevisionsRising(t *testing.T) {
 			t.Errorf("sensor %s changed after the rebuild: state revision %d, event %s in EVENTS %v (%+v); want revision %d",
 				id, final[id].Revision, id2, ok, ev, b.Revision+1)
 		}
+	}
+}
+
+// With READINGS truncated and sensor_state lost (events already published), nothing knows
+// the sensors' revisions: the rebuild refuses, saying what to do, and writes nothing.
+func TestStateRebuildRefusesRenumberingWithoutState(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 2)
+	var pub statePublished
+	t0 := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
+	var logs []event.Log
+	for i := range 200 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		logs = append(logs, event.Log{V: event.Version, Kind: event.KindReading, SensorID: fmt.Sprintf("r%d", i%10), Data: uint8(i / 10 % 2),
+			Time: at, ReceivedTime: at, MessageID: fmt.Sprint("r", i)})
+	}
+	e.publish(t, e.nats.JS, logs, &pub)
+	stop := e.runState(t, e.nats.JS, partition.All(e.n))
+	e.waitCaughtUp(t, &pub, 60*time.Second)
+	stop()
+	if _, err := e.pg.Exec(t.Context(), `DELETE FROM sensor_state`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.nats.JS.Stream(t.Context(), natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(t.Context(), jetstream.WithPurgeSequence(pub.seqs[100])); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.newRebuild(t, RebuildConfig{FromSeq: pub.seqs[100]}).Run(t.Context())
+	if !errors.Is(err, rebuild.ErrLogTruncated) || !strings.Contains(err.Error(), "restore sensor_state") {
+		t.Fatalf("rebuild without the revisions: %v, want ErrLogTruncated saying to restore sensor_state", err)
+	}
+	var shadow bool
+	if err := e.pg.QueryRow(t.Context(), `SELECT to_regclass($1) IS NOT NULL`, ShadowTable).Scan(&shadow); err != nil || shadow {
+		t.Fatalf("a refused rebuild made its shadow table (%v)", err)
 	}
 }
