@@ -167,6 +167,11 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 	for p, h := range a.held {
 		select {
 		case <-h.done:
+			if h.err == nil {
+				// It ended with its context (this process stopping, or the lease dropped)
+				// before this round saw that: nothing to report.
+				continue
+			}
 			if !errors.Is(h.err, ErrFenced) {
 				return fmt.Errorf("partition %d: %w", p, h.err)
 			}
