@@ -202,9 +202,13 @@ func buildPart(name string, d deps) (runner, error) {
 		if err != nil {
 			return nil, err
 		}
+		hl, err := newHealth(d.ops)
+		if err != nil {
+			return nil, err
+		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
-				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn())})
+				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn()), Health: hl.Server()})
 		if err != nil {
 			return nil, err
 		}
@@ -218,7 +222,7 @@ func buildPart(name string, d deps) (runner, error) {
 		d.ops.Handle("/ui/", dash.Handler())
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
-		return rb.Alongside(a), nil
+		return together{rb.Alongside(a), hl}, nil
 	case "alerter":
 		return newAlerter(d)
 	default:
