@@ -117,3 +117,8 @@ func ExtractNATS(h nats.Header) trace.SpanContext {
 
 // InjectHTTP writes ctx's span context into an HTTP request's header.
 func InjectHTTP(ctx context.Context, h http.Header) { w3c.Inject(ctx, propagation.HeaderCarrier(h)) }
+
+// FromTraceparent is the span context a traceparent value names, or an invalid one.
+func FromTraceparent(v string) trace.SpanContext {
+	return trace.SpanContextFromContext(w3c.Extract(context.Background(), propagation.MapCarrier{Traceparent: v}))
+}
