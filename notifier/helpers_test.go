@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/event"
@@ -93,6 +94,8 @@ type env struct {
 	pool  *pgxpool.Pool
 	cfg   Config
 	reg   *prometheus.Registry
+	// tracer is given to the notifiers start makes; nil: no tracing.
+	tracer trace.Tracer
 }
 
 func newEnv(t testing.TB, schedule ...time.Duration) *env {
@@ -124,7 +127,7 @@ func (e *env) startOn(js jetstream.JetStream) *Notifier {
 		cfg.BreakerCooldown = 200 * time.Millisecond
 	}
 	e.reg = prometheus.NewRegistry()
-	n, err := New(cfg, Deps{JS: js, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg})
+	n, err := New(cfg, Deps{JS: js, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg, Tracer: e.tracer})
 	if err != nil {
 		e.t.Fatal(err)
 	}
