@@ -107,7 +107,8 @@ func lastLine(s string) string {
 }
 
 // The whole system starts against the real servers, becomes ready (on /readyz and on
-// grpc.health.v1, which needs no token), logs JSON lines, and stops cleanly on SIGTERM.
+// grpc.health.v1, which needs no token), logs JSON lines, exports a reading's span to the
+// OTLP endpoint of OTEL_EXPORTER_OTLP_ENDPOINT, and stops cleanly on SIGTERM.
 func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	t.Parallel()
 	pgURL := testenv.PostgresURL(t)
@@ -115,7 +116,10 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
 	http1, grpc1 := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	rabbit := testenv.RabbitMQ(t)
+	otlp := testenv.OTLP(t)
 	cmd := locksCmd(t, []string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL,
+		"OTEL_BSP_SCHEDULE_DELAY=100",
 		"LOCKS_POSTGRES_URL=" + pgURL,
 		"LOCKS_CLICKHOUSE_URL=clickhouse://" + testenv.ClickHouseAddr() + "/" + chDB,
 		"LOCKS_AMQP_URL=" + rabbit.URL,
@@ -169,6 +173,18 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	if _, err := locksv1.NewSensorServiceClient(conn).ListSensors(t.Context(), &locksv1.ListSensorsRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("ListSensors without a token: %v, want UNAUTHENTICATED", err)
 	}
+	pub := locksCmd(t, []string{"LOCKS_AMQP_URL=" + rabbit.URL, "LOCKS_AMQP_QUEUE=" + rabbit.Queue}, "publish", "door7", "1")
+	if out, err := pub.CombinedOutput(); err != nil {
+		t.Fatalf("locks publish: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 10*time.Second, "the reading's bridge.append span at the OTLP receiver", func() bool {
+		for _, s := range otlp.Named("bridge.append") {
+			if s.Attrs["sensor.id"] == "door7" && s.Service == "lock-sensors" {
+				return true
+			}
+		}
+		return false
+	})
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -5,10 +5,13 @@
 package logfmt
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"strings"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // The values of LOCKS_LOG_FORMAT.
@@ -44,4 +47,27 @@ func NewHandler(w io.Writer, format string, level slog.Leveler) (slog.Handler, e
 		return slog.NewJSONHandler(w, Options(level)), nil
 	}
 	return nil, ErrFormat
+}
+
+// WithTrace adds trace_id and span_id to every record made with a context inside a span
+// (slog's *Context calls), so a log search finds the trace and the trace the log lines.
+// Wrap the outermost handler (after the LOGS tee), so that LOGS gets the ids too.
+func WithTrace(h slog.Handler) slog.Handler { return traceHandler{h} }
+
+type traceHandler struct{ slog.Handler }
+
+func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r = r.Clone()
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h traceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return traceHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h traceHandler) WithGroup(name string) slog.Handler {
+	return traceHandler{h.Handler.WithGroup(name)}
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 )
 
@@ -58,5 +60,28 @@ func TestHandlers(t *testing.T) {
 	}
 	if _, err := logfmt.NewHandler(&b, "xml", slog.LevelInfo); !errors.Is(err, logfmt.ErrFormat) {
 		t.Errorf("xml: %v", err)
+	}
+}
+
+// Inside a span a record carries its trace_id and span_id; outside, none.
+func TestWithTrace(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	h, _ := logfmt.NewHandler(&b, logfmt.JSON, slog.LevelInfo)
+	log := slog.New(logfmt.WithTrace(h)).With("part", "notifier")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{0x0a, 0xf7, 1}, SpanID: trace.SpanID{0xb7, 2}, TraceFlags: trace.FlagsSampled})
+	log.InfoContext(trace.ContextWithSpanContext(t.Context(), sc), "in a span")
+	log.InfoContext(t.Context(), "outside")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	var in, out map[string]any
+	if len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &in) != nil || json.Unmarshal([]byte(lines[1]), &out) != nil {
+		t.Fatalf("lines %q", lines)
+	}
+	if in["trace_id"] != sc.TraceID().String() || in["span_id"] != sc.SpanID().String() || in["part"] != "notifier" {
+		t.Errorf("in a span: %v", in)
+	}
+	if _, ok := out["trace_id"]; ok {
+		t.Errorf("outside a span: %v", out)
 	}
 }

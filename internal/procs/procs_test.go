@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -216,8 +217,8 @@ func dropped(t *testing.T, tee *procs.LogTee, reason string) float64 {
 }
 
 // A warning in LOGS is the very JSON line LOCKS_LOG_FORMAT=json writes on stderr (slog's
-// standard keys, attributes at the top level, a group as an object), plus "process"; and
-// LastLogs reads it back into its fields.
+// standard keys, attributes at the top level, the trace and span ids inside a span), plus
+// "process"; and LastLogs reads it back into its fields. (Groups: TestLogTeeSendsWarningsToLOGS.)
 func TestLogTeeRecordIsTheJSONLogLine(t *testing.T) {
 	t.Parallel()
 	n := testenv.NATS(t)
@@ -228,10 +229,11 @@ func TestLogTeeRecordIsTheJSONLogLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(tee.Handler(h)).With("part", "notifier")
+	log := slog.New(logfmt.WithTrace(tee.Handler(h))).With("part", "notifier")
 	testenv.RunPart(t, "tee", func(ctx context.Context) error { return tee.Run(ctx, n.JS) }, 5*time.Second)
 
-	log.WithGroup("attempt").Warn("webhook failed", "status", 503, "took", 1500*time.Millisecond, "err", errors.New("bad gateway"))
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5}, TraceFlags: trace.FlagsSampled})
+	log.WarnContext(trace.ContextWithSpanContext(t.Context(), sc), "webhook failed", "status", 503, "took", 1500*time.Millisecond, "err", errors.New("bad gateway"))
 
 	s, err := n.JS.Stream(t.Context(), natsx.LogsStream)
 	if err != nil {
@@ -254,7 +256,8 @@ func TestLogTeeRecordIsTheJSONLogLine(t *testing.T) {
 	}
 	delete(inLOGS, "process")
 	want := map[string]any{"level": "WARN", "msg": "webhook failed", "part": "notifier",
-		"attempt": map[string]any{"status": float64(503), "took": "1.5s", "err": "bad gateway"}}
+		"status": float64(503), "took": "1.5s", "err": "bad gateway",
+		"trace_id": sc.TraceID().String(), "span_id": sc.SpanID().String()}
 	for k, v := range want {
 		if fmt.Sprint(onStderr[k]) != fmt.Sprint(v) {
 			t.Errorf("stderr %s = %v, want %v (line %s)", k, onStderr[k], v, stderr.String())
@@ -269,7 +272,7 @@ func TestLogTeeRecordIsTheJSONLogLine(t *testing.T) {
 	}
 	r := got[0]
 	if r.Msg != "webhook failed" || r.Level != "WARN" || r.Process != "proc-3" || r.Part != "notifier" || r.Time.IsZero() ||
-		r.Attrs["attempt.status"] != float64(503) || r.Attrs["attempt.took"] != "1.5s" || len(r.Attrs) != 3 {
+		r.Attrs["status"] != float64(503) || r.Attrs["took"] != "1.5s" || r.Attrs["trace_id"] != sc.TraceID().String() || len(r.Attrs) != 5 {
 		t.Errorf("LastLogs read %+v", r)
 	}
 }
