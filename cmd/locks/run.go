@@ -174,7 +174,7 @@ func buildPart(name string, d deps) (runner, error) {
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})
 	case "state":
 		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
-			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg})
+			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Tracer: d.tracing.Tracer("lock-sensors/state")})
 		if err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
@@ -76,7 +77,18 @@ func newBatch(tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *bat
 // below the checkpoint, step the rest, then write the rows, the outbox and the advanced
 // checkpoint (one more). It fails with lease.ErrFenced, writing nothing, when epoch is no
 // longer p's. cache may be nil.
-func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []jetstream.Msg, cache *rowCache) error {
+func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []jetstream.Msg, cache *rowCache) (err error) {
+	var b *batch
+	if s.tracer != nil {
+		var span trace.Span
+		ctx, span = s.startApply(ctx, p, msgs)
+		defer func() {
+			if b == nil {
+				b = &batch{}
+			}
+			endApply(span, b.applied, b.skipped, len(b.evs), err)
+		}()
+	}
 	items, err := s.decodeBatch(ctx, p, msgs)
 	if err != nil {
 		return err
@@ -93,7 +105,6 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 		cache.clear()
 	}
 	start := time.Now()
-	var b *batch
 	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
 		b = newBatch(tx, p, epoch, items, cache)
 		if err := b.lockAndLoad(ctx); err != nil {

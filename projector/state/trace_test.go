@@ -1,0 +1,63 @@
+package state
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
+)
+
+// With a tracer, each applied batch is a state.apply span, exported over OTLP, linked to the
+// span of every reading in it whose READINGS message carries a traceparent.
+func TestApplyBatchIsTracedWithLinks(t *testing.T) {
+	t.Parallel()
+	recv := testenv.OTLP(t)
+	tp := recv.Provider(t)
+	e := newStateEnv(t, 1)
+	e.tracer = tp.Tracer("state")
+	now := time.Now().UTC()
+	var want []string
+	for i := range 3 {
+		l := event.Log{V: event.Version, Kind: event.KindReading, SensorID: "s1", Data: uint8(i % 2),
+			Time: now, ReceivedTime: now.Add(time.Duration(i) * time.Millisecond), MessageID: fmt.Sprint("m", i)}
+		traceID, spanID := fmt.Sprintf("%032x", i+1), fmt.Sprintf("%016x", i+1)
+		m := &nats.Msg{Subject: natsx.ReadingsSubject(l.SensorID), Data: stateJSON(t, l), Header: nats.Header{}}
+		m.Header.Set(tracing.Traceparent, "00-"+traceID+"-"+spanID+"-01")
+		if _, err := e.nats.JS.PublishMsg(t.Context(), m, jetstream.WithMsgID(stateMsgID(l))); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, traceID+"/"+spanID)
+	}
+	e.runState(t, e.nats.JS, nil)
+	var links []string
+	testenv.Eventually(t, 20*time.Second, "state.apply spans linking the three readings", func() bool {
+		_ = tp.ForceFlush(t.Context())
+		links = links[:0]
+		for _, s := range recv.Named(SpanApply) {
+			if s.Attrs["partition"] != "0" || s.ParentSpanID != "" || s.Error {
+				t.Fatalf("apply span %+v", s)
+			}
+			links = append(links, s.Links...)
+		}
+		slices.Sort(links)
+		return slices.Equal(links, want)
+	})
+	events := 0
+	for _, s := range recv.Named(SpanApply) {
+		var n int
+		_, _ = fmt.Sscan(s.Attrs["batch.events"], &n)
+		events += n
+	}
+	if events != 3 { // the first reading and two changes
+		t.Errorf("apply spans count %d events, want 3 (links %s)", events, strings.Join(links, " "))
+	}
+}
