@@ -27,10 +27,12 @@ var apiServiceChecks = map[string][]string{
 }
 
 // newHealth is the gRPC port's health service, read from the ops server's readiness.
-// TODO(issue 25 merge): read the cached background readiness instead of srv.Ready, which
-// runs a round of checks per read (here once per health.EveryDefault, never per call).
+// srv.Ready runs a round of checks (dialling the databases and RabbitMQ) per read, so it is
+// read only as often as locks_ready reuses a round; a cached readiness (issue 25) can be
+// read every health.EveryDefault instead.
 func newHealth(srv *ops.Server) (*health.Health, error) {
-	return health.New(health.Config{Services: apiServiceChecks}, health.Deps{Readiness: srv.Ready})
+	return health.New(health.Config{Services: apiServiceChecks, Every: ops.ReadinessReuseDefault},
+		health.Deps{Readiness: srv.Ready})
 }
 
 // together runs a and b until both return; the first error wins.

@@ -165,7 +165,7 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
 	for _, service := range []string{"", "locks.v1.ClientService", "locks.v1.HistoryService"} {
-		testenv.Eventually(t, 10*time.Second, "grpc.health.v1 SERVING for "+service, func() bool {
+		testenv.Eventually(t, 30*time.Second, "grpc.health.v1 SERVING for "+service, func() bool {
 			res, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: service})
 			return err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING
 		})
