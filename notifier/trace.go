@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
 // SpanAttempt is the span of one webhook attempt.
@@ -19,6 +21,10 @@ func (n *Notifier) startAttempt(ctx context.Context, c claimed) (context.Context
 	host := ""
 	if u, err := url.Parse(c.url); err == nil {
 		host = u.Host
+	}
+	if sc := tracing.FromTraceparent(c.traceparent); sc.IsValid() {
+		// A child of the reading's span: the attempt joins the reading's trace.
+		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
 	}
 	return n.tracer.Start(ctx, SpanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String("webhook.event_id", c.eventID),

@@ -1,19 +1,26 @@
 package notifier
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
 // With a tracer, every attempt of a retried delivery is a span, exported over OTLP, with
-// its attempt number, host, status and outcome; each request carries the traceparent of its
-// attempt's span, so the receiver can join the trace. Without one, no traceparent is sent.
+// its attempt number, host, status and outcome, a child of the span the EVENTS message's
+// traceparent names (the reading's); each request carries the traceparent of its attempt's
+// span, so the receiver can join the trace. Without one, no traceparent is sent.
 func TestAttemptsAreTraced(t *testing.T) {
 	t.Parallel()
 	recv := testenv.OTLP(t)
@@ -31,7 +38,14 @@ func TestAttemptsAreTraced(t *testing.T) {
 	e.subscribe("c1", "s1")
 	e.start()
 	ev := testEvent("s1", 1, 1)
-	e.publish(ev)
+	e.seedState(ev)
+	const readingTrace, readingSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	d, _ := json.Marshal(ev)
+	m := &nats.Msg{Subject: natsx.EventsSubject(partition.Of(ev.SensorID, testPartitions), ev.SensorID), Data: d, Header: nats.Header{}}
+	m.Header.Set(tracing.Traceparent, "00-"+readingTrace+"-"+readingSpan+"-01")
+	if _, err := e.nats.JS.PublishMsg(t.Context(), m, jetstream.WithMsgID(ev.ID)); err != nil {
+		t.Fatal(err)
+	}
 	testenv.Eventually(t, 15*time.Second, "2 attempts", func() bool { return rc.count() >= 2 })
 	testenv.Eventually(t, 10*time.Second, "2 attempt spans", func() bool {
 		_ = tp.ForceFlush(t.Context())
@@ -53,7 +67,8 @@ func TestAttemptsAreTraced(t *testing.T) {
 		}
 		wantStatus, wantOutcome := []string{"503", "200"}[i], []string{StatePending, StateDelivered}[i]
 		if s.Attrs["webhook.attempt"] != strconv.Itoa(i+1) || s.Attrs["server.address"] != host || s.Attrs["webhook.event_id"] != ev.ID ||
-			s.Attrs["http.response.status_code"] != wantStatus || s.Attrs["webhook.outcome"] != wantOutcome || s.Error != (i == 0) {
+			s.Attrs["http.response.status_code"] != wantStatus || s.Attrs["webhook.outcome"] != wantOutcome || s.Error != (i == 0) ||
+			s.TraceID != readingTrace || s.ParentSpanID != readingSpan {
 			t.Errorf("attempt %d span: %+v", i+1, s)
 		}
 	}
