@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,9 +178,19 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	if out, err := pub.CombinedOutput(); err != nil {
 		t.Fatalf("locks publish: %v\n%s", err, out)
 	}
+	var appendSpan string
 	testenv.Eventually(t, 10*time.Second, "the reading's bridge.append span at the OTLP receiver", func() bool {
 		for _, s := range otlp.Named("bridge.append") {
 			if s.Attrs["sensor.id"] == "door7" && s.Service == "lock-sensors" {
+				appendSpan = s.TraceID + "/" + s.SpanID
+				return true
+			}
+		}
+		return false
+	})
+	testenv.Eventually(t, 10*time.Second, "a state.apply span linked to the reading's", func() bool {
+		for _, s := range otlp.Named("state.apply") {
+			if slices.Contains(s.Links, appendSpan) {
 				return true
 			}
 		}
