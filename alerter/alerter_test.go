@@ -3,6 +3,8 @@ package alerter
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,6 +187,18 @@ func TestEachKindFiresAndResolvesOnce(t *testing.T) {
 	}
 	if len(mails) != 2*len(cases) || len(hooks) != 2*len(cases) {
 		t.Errorf("%d e-mails and %d webhooks, want %d each", len(mails), len(hooks), 2*len(cases))
+	}
+	for _, r := range append(mails, hooks...) {
+		if r.runbook != RunbookURL(r.kind) || !strings.HasPrefix(r.runbook, RunbookBase+"#") {
+			t.Errorf("%s %s: runbook %q, want %q", r.kind, r.event, r.runbook, RunbookURL(r.kind))
+		}
+	}
+	var tested []string
+	for _, c := range cases {
+		tested = append(tested, c.kind)
+	}
+	if kinds := Kinds(); !slices.Equal(slices.Sorted(slices.Values(tested)), slices.Sorted(slices.Values(kinds))) {
+		t.Errorf("cases cover kinds %v; the alerter raises %v", tested, kinds)
 	}
 	if e.hook.badSigs != 0 || e.smtp.authFailures != 0 {
 		t.Errorf("%d bad webhook signatures, %d refused SMTP logins", e.hook.badSigs, e.smtp.authFailures)

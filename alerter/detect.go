@@ -3,6 +3,7 @@ package alerter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -17,8 +18,16 @@ type detector struct {
 	detect func(ctx context.Context) (map[string]condition, error)
 }
 
+// newDetectors are the detectors this alerter runs: projection_lag needs Deps.Projections.
 func (a *Alerter) newDetectors() []detector {
-	ds := []detector{
+	return slices.DeleteFunc(a.allDetectors(), func(d detector) bool {
+		return d.kind == KindProjectionLag && a.d.Projections == nil
+	})
+}
+
+// allDetectors is every kind the alerter can raise (Kinds lists them).
+func (a *Alerter) allDetectors() []detector {
+	return []detector{
 		{KindDeadLetter, a.deadLetters},
 		{KindEndpointDisabled, a.disabledEndpoints},
 		{KindSetAside, a.setAside},
@@ -26,11 +35,8 @@ func (a *Alerter) newDetectors() []detector {
 		{KindReconciliationDrift, a.reconciliationDrift},
 		{KindMassLoss, a.massLoss},
 		{KindPartStopped, a.partStopped},
+		{KindProjectionLag, a.projectionLag},
 	}
-	if a.d.Projections != nil {
-		ds = append(ds, detector{KindProjectionLag, a.projectionLag})
-	}
-	return ds
 }
 
 // collect reads rows into conditions keyed by subject.

@@ -92,7 +92,7 @@ func (a *Alerter) emailMessage(n notice, now time.Time) []byte {
 	if json.Indent(&details, n.details, "", "  ") == nil {
 		body += "\ndetails:\n" + details.String() + "\n"
 	}
-	body += "\nGET /v1/alerts lists the alerts.\n"
+	body += "\nrunbook: " + RunbookURL(n.kind) + "\nGET /v1/alerts lists the alerts.\n"
 	b.WriteString(strings.ReplaceAll(body, "\n", "\r\n"))
 	return b.Bytes()
 }

@@ -151,6 +151,8 @@ type received struct {
 	event string // firing or resolved
 	kind  string
 	subj  string
+	// runbook is the webhook's alert.runbook_url, or the e-mail's "runbook: " line.
+	runbook string
 }
 
 // smtpServer is an in-process SMTP server (go-smtp) that demands the test's credentials
@@ -247,8 +249,15 @@ func (ss *smtpSession) Data(r io.Reader) error {
 	if len(f) != 4 {
 		return fmt.Errorf("subject %q", m.Header.Get("Subject"))
 	}
+	body, _ := io.ReadAll(m.Body)
+	var runbook string
+	for _, l := range strings.Split(string(body), "\r\n") {
+		if u, ok := strings.CutPrefix(l, "runbook: "); ok {
+			runbook = u
+		}
+	}
 	ss.s.mu.Lock()
-	ss.s.msgs = append(ss.s.msgs, received{id: m.Header.Get("Message-ID"), event: strings.ToLower(f[1]), kind: f[2], subj: f[3]})
+	ss.s.msgs = append(ss.s.msgs, received{id: m.Header.Get("Message-ID"), event: strings.ToLower(f[1]), kind: f[2], subj: f[3], runbook: runbook})
 	ss.s.mu.Unlock()
 	return nil
 }
@@ -293,7 +302,7 @@ func newHookReceiver(t *testing.T) *hookReceiver {
 			h.badSigs++
 			return
 		}
-		h.notices = append(h.notices, received{id: id, event: strings.TrimPrefix(b.Type, "alert."), kind: b.Alert.Kind, subj: b.Alert.Subject})
+		h.notices = append(h.notices, received{id: id, event: strings.TrimPrefix(b.Type, "alert."), kind: b.Alert.Kind, subj: b.Alert.Subject, runbook: b.Alert.RunbookURL})
 	}))
 	t.Cleanup(h.Close)
 	return h

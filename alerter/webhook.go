@@ -45,6 +45,8 @@ type WebhookAlert struct {
 	Details    json.RawMessage `json:"details"`
 	FiredAt    time.Time       `json:"fired_at"`
 	ResolvedAt *time.Time      `json:"resolved_at"`
+	// RunbookURL is the kind's section of docs/runbook.md.
+	RunbookURL string `json:"runbook_url"`
 }
 
 // sendWebhook posts notice n to the operator webhook, signed like client webhooks
@@ -56,7 +58,7 @@ func (a *Alerter) sendWebhook(ctx context.Context, n notice) error {
 	}
 	body, err := json.Marshal(WebhookBody{ID: n.noticeID(), Type: "alert." + n.event, OccurredAt: occurred.UTC(),
 		Alert: WebhookAlert{ID: n.alertID, Kind: n.kind, Subject: n.subject, Summary: n.summary, Details: n.details,
-			FiredAt: n.firedAt.UTC(), ResolvedAt: n.resolvedAt}})
+			FiredAt: n.firedAt.UTC(), ResolvedAt: n.resolvedAt, RunbookURL: RunbookURL(n.kind)}})
 	if err != nil {
 		return fmt.Errorf("encode the webhook: %w", err)
 	}

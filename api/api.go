@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -84,6 +85,9 @@ type Deps struct {
 	// statistics, and the breaker reset a redrive also sends; nil means those calls answer
 	// UNIMPLEMENTED (and a redrive resets no breaker).
 	Controls Controls
+	// Health is grpc.health.v1 (internal/health), served without a token like /readyz;
+	// nil means none.
+	Health healthpb.HealthServer
 }
 
 // Server is the admin API.
@@ -155,6 +159,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterWebhookControlServiceServer(s.grpc, &controlService{s: s})
 	locksv1.RegisterOverviewServiceServer(s.grpc, &overviewService{s: s})
 	locksv1.RegisterAlertServiceServer(s.grpc, &alertService{s: s})
+	if deps.Health != nil {
+		healthpb.RegisterHealthServer(s.grpc, deps.Health)
+	}
 	// Server reflection lets grpcurl and the like discover the services (with a token: the
 	// stream interceptor guards it like every call).
 	reflection.Register(s.grpc)

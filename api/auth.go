@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
@@ -104,7 +105,7 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		s.metrics.requests.WithLabelValues(method, codeOf(err)).Inc()
 		s.metrics.duration.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	}()
-	if err := s.auth.check(authorizationOf(ctx)); err != nil {
+	if err := s.authorize(ctx, info.FullMethod); err != nil {
 		return nil, s.toStatus(ctx, info.FullMethod, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -162,6 +163,9 @@ var KeepaliveParams = keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Min
 // message: an anonymous client cannot make the server buffer and decode up to
 // MaxRecvMsgSize per call.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if isHealth(info.FullMethodName) {
+		return ctx, nil
+	}
 	var authorization string
 	if v := info.Header.Get("authorization"); len(v) > 0 {
 		authorization = v[0]
@@ -177,10 +181,24 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 // stream guards streaming calls the same way (the API has none today; reflection or health
 // services added later would be covered).
 func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := s.auth.check(authorizationOf(ss.Context())); err != nil {
+	if err := s.authorize(ss.Context(), info.FullMethod); err != nil {
 		return s.toStatus(ss.Context(), info.FullMethod, err)
 	}
 	return handler(srv, ss)
+}
+
+// authorize checks the call's token, except for grpc.health.v1: probes carry none, and
+// health says no more than /readyz without a token.
+func (s *Server) authorize(ctx context.Context, fullMethod string) error {
+	if isHealth(fullMethod) {
+		return nil
+	}
+	return s.auth.check(authorizationOf(ctx))
+}
+
+// isHealth says whether fullMethod is grpc.health.v1's, which needs no token.
+func isHealth(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/")
 }
 
 func codeOf(err error) string {

@@ -75,12 +75,14 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pen
 		}
 		b.m.inFlight.Dec()
 		if failed {
+			endAppend(it, errSessionFailed)
 			if it.done != nil {
 				close(it.done)
 			}
 			continue
 		}
 		err := b.resolve(ctx, it, returns, flush)
+		endAppend(it, err)
 		if err != nil {
 			flush() // what came before is done: ack it
 			failed = true

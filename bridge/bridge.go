@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/part"
@@ -22,6 +23,8 @@ type Deps struct {
 	JS         jetstream.JetStream
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Tracer, when set, traces each reading's append (trace.go); nil: no tracing at all.
+	Tracer trace.Tracer
 }
 
 // Bridge moves readings from RabbitMQ to READINGS.
@@ -31,7 +34,8 @@ type Bridge struct {
 	log *slog.Logger
 	m   metrics
 	// skew counts readings whose sensor clock is off (clock.go).
-	skew *clockSkew
+	skew   *clockSkew
+	tracer trace.Tracer
 	// lastRetryLog is only touched by the acker goroutine.
 	lastRetryLog time.Time
 }
@@ -61,8 +65,12 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bridge{cfg: cfg, js: js, log: deps.Logger.With("part", "bridge"), m: m, skew: skew}, nil
+	return &Bridge{cfg: cfg, js: js, log: deps.Logger.With("part", "bridge"), m: m, skew: skew, tracer: deps.Tracer}, nil
 }
+
+// errSessionFailed ends the spans of the readings a failed session will not resolve: RabbitMQ
+// redelivers them to the next one.
+var errSessionFailed = errors.New("the session failed before this reading was resolved")
 
 // errStandby: another bridge is the queue's consumer.
 var errStandby = errors.New("another bridge consumes the queue")

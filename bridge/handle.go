@@ -10,9 +10,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
 // ErrorHeader names the reason of an invalid message in the invalid queue.
@@ -42,6 +44,8 @@ type item struct {
 	dup bool
 	// done is closed once the acker has resolved a reading's append (or given up on it).
 	done chan struct{}
+	// span is the reading's trace span while tracing is on (trace.go), ended when resolved.
+	span trace.Span
 }
 
 // appender starts one append to READINGS: alone (PublishMsgAsync) or in a batch (batch.go).
@@ -99,6 +103,10 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	}
 	msg := &nats.Msg{Subject: natsx.ReadingsSubject(r.SensorID), Data: body, Header: nats.Header{}}
 	msg.Header.Set(jetstream.MsgIDHeader, natsMsgID(r.SensorID, d.MessageId, origin))
+	if b.tracer != nil {
+		ctx, it.span = b.startAppend(ctx, d, r.SensorID, id, msg.Subject)
+		tracing.InjectNATS(ctx, msg.Header)
+	}
 	if !ord.wait(ctx, r.SensorID) {
 		// Not appended and never acked: RabbitMQ redelivers it, in order, to the next session.
 		// No done channel: nothing waits for an item that was never tracked, and the acker

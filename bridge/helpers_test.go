@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -74,6 +75,7 @@ type env struct {
 	pubCh  *amqp.Channel
 	reg    *prometheus.Registry
 	bridge *Bridge
+	tracer trace.Tracer // given to the bridges start makes; nil: no tracing
 }
 
 func newEnv(t testing.TB, amqpURL string) *env {
@@ -172,7 +174,7 @@ func (e *env) start(t testing.TB, cfg Config) (stop func()) {
 		cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
 	}
 	e.reg = prometheus.NewRegistry()
-	b, err := New(cfg, Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: e.reg})
+	b, err := New(cfg, Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,22 @@ import (
 	"time"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
-// attempt makes one HTTP attempt of c and decides what follows.
+// attempt makes one HTTP attempt of c and decides what follows, in a span when tracing.
 func (n *Notifier) attempt(ctx context.Context, c claimed) result {
+	if n.tracer == nil {
+		return n.attemptOnce(ctx, c)
+	}
+	ctx, span := n.startAttempt(ctx, c)
+	r := n.attemptOnce(ctx, c)
+	endAttempt(span, r)
+	return r
+}
+
+// attemptOnce is attempt without its span.
+func (n *Notifier) attemptOnce(ctx context.Context, c claimed) result {
 	start := time.Now()
 	r := result{c: c, at: start}
 	fail := func(msg string) result {
@@ -37,6 +49,9 @@ func (n *Notifier) attempt(ctx context.Context, c claimed) result {
 	h, err := Headers(c.secrets, c.eventID, start, body)
 	if err != nil {
 		return fail(err.Error())
+	}
+	if n.tracer != nil {
+		tracing.InjectHTTP(ctx, h) // the receiver can join the attempt's trace
 	}
 	resp, err := n.send.post(ctx, c.url, h, body)
 	r.latency = time.Since(start)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -119,4 +120,6 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	JS         jetstream.JetStream
 	PG         *pgxpool.Pool
+	// Tracer, when set, traces each webhook attempt (trace.go); nil: no tracing at all.
+	Tracer trace.Tracer
 }

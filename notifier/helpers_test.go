@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/event"
@@ -93,6 +94,8 @@ type env struct {
 	pool  *pgxpool.Pool
 	cfg   Config
 	reg   *prometheus.Registry
+	// tracer is given to the notifiers start makes; nil: no tracing.
+	tracer trace.Tracer
 }
 
 func newEnv(t testing.TB, schedule ...time.Duration) *env {
@@ -124,7 +127,7 @@ func (e *env) startOn(js jetstream.JetStream) *Notifier {
 		cfg.BreakerCooldown = 200 * time.Millisecond
 	}
 	e.reg = prometheus.NewRegistry()
-	n, err := New(cfg, Deps{JS: js, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg})
+	n, err := New(cfg, Deps{JS: js, PG: e.pool, Logger: testenv.Logger(e.t).With("t", e.t.Name()), Registerer: e.reg, Tracer: e.tracer})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -173,13 +176,20 @@ func testEvent(sensor string, rev int64, data uint8) event.Event {
 // the notifier sets aside an event ahead of the state).
 func (e *env) publish(evs ...event.Event) {
 	e.t.Helper()
+	e.seedState(evs...)
+	publishEvents(e.t, e.nats.JS, evs)
+}
+
+// seedState gives each event's sensor a state at least at its revision, as the state
+// projector would have committed it with the event.
+func (e *env) seedState(evs ...event.Event) {
+	e.t.Helper()
 	for _, ev := range evs {
 		e.exec(`INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)
 			VALUES ($1, $2, $3, now(), now(), now(), $4, 'online', 0)
 			ON CONFLICT (sensor_id) DO UPDATE SET revision = greatest(sensor_state.revision, excluded.revision)`,
 			ev.SensorID, ev.Partition, int16(ev.Data), ev.Revision)
 	}
-	publishEvents(e.t, e.nats.JS, evs)
 }
 
 // records reads every attempt record of client from DELIVERIES.

@@ -15,6 +15,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
 // BatchDefault is Config.Batch: rows per ingest, claim or finish transaction.
@@ -105,13 +106,20 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 	}
 	var created, late int
 	var recs []event.Attempt
+	var tps []string // the events' traceparents, kept on their deliveries while tracing
+	if n.tracer != nil {
+		tps = make([]string, len(ok))
+		for i, m := range ok {
+			tps[i] = m.Headers().Get(tracing.Traceparent)
+		}
+	}
 	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
 		// First, so that a claim by another process waits for this transaction or fences it.
 		if err := lease.Check(ctx, tx, Name, p, epoch); err != nil {
 			return err
 		}
 		var err error
-		created, recs, late, err = insertDeliveries(ctx, tx, evs, payloads)
+		created, recs, late, err = insertDeliveries(ctx, tx, evs, payloads, tps)
 		if err != nil {
 			return err
 		}

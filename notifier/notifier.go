@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
@@ -57,6 +58,7 @@ type Notifier struct {
 	slotFreed chan struct{}
 	ran       atomic.Bool
 	gaps      *logread.Gaps
+	tracer    trace.Tracer // nil: no tracing (trace.go)
 }
 
 type metrics struct {
@@ -91,6 +93,7 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 		results:   make(chan result, 2*cfg.MaxInFlight),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
+		tracer:    d.Tracer,
 	}
 	n.m = metrics{
 		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_events_total",

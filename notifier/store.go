@@ -60,7 +60,8 @@ const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
 // attempt records of what was superseded, for the outbox; the first late of them are rows
 // created superseded because the client already had a newer revision of the sensor, which
 // the in-order intake never lets happen: an error for the caller to report.
-func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (created int, recs []event.Attempt, late int, err error) {
+// tps, when not nil, are the events' traceparents, kept on their deliveries.
+func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte, tps []string) (created int, recs []event.Attempt, late int, err error) {
 	// Generic plans for these statements, with sequential scans off as for finish's: they
 	// probe key by key (LATERAL subqueries kept apart with OFFSET 0), a plan that does not
 	// depend on the arguments, but the planner, costing each call afresh, planned the INSERT
@@ -71,7 +72,7 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`); err != nil {
 		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 	}
-	created, recs, late, err = insertAndSupersede(ctx, tx, evs, payloads)
+	created, recs, late, err = insertAndSupersede(ctx, tx, evs, payloads, tps)
 	if err != nil {
 		return 0, nil, 0, err
 	}
@@ -81,22 +82,15 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	return created, recs, late, nil
 }
 
-// insertAndSupersede is insertDeliveries without its planner settings.
-func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte) (created int, recs []event.Attempt, late int, err error) {
-	ids := make([]string, len(evs))
-	sensors := make([]string, len(evs))
-	revs := make([]int64, len(evs))
-	types := make([]string, len(evs))
-	for i, e := range evs {
-		ids[i], sensors[i], revs[i], types[i] = e.ID, e.SensorID, e.Revision, "sensor."+e.Type
-	}
-	rows, err := tx.Query(ctx, `
-		INSERT INTO notifier_deliveries AS d (event_id, client_id, sensor_id, revision, payload, state)
+// insertTemplate is the INSERT of insertAndSupersede; its variant with a traceparent per
+// event (insertTracedSQL) runs only while tracing, so the untraced statement is unchanged.
+const insertTemplate = `
+		INSERT INTO notifier_deliveries AS d (event_id, client_id, sensor_id, revision, payload, state%[1]s)
 		SELECT e.event_id, s.client_id, e.sensor_id, e.revision, e.payload,
 		       CASE WHEN EXISTS (SELECT 1 FROM notifier_deliveries o
 		            WHERE o.client_id = s.client_id AND o.sensor_id = e.sensor_id AND o.revision > e.revision)
-		            THEN 'superseded' ELSE 'pending' END
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::text[]) AS e(event_id, sensor_id, revision, payload, type)
+		            THEN 'superseded' ELSE 'pending' END%[2]s
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::text[]%[3]s) AS e(event_id, sensor_id, revision, payload, type%[4]s)
 		-- The sensor's subscriptions by index, event by event: joined as a set, the whole
 		-- subscriptions table was read for each batch.
 		CROSS JOIN LATERAL (SELECT s.client_id, s.event_types FROM subscriptions s WHERE s.sensor_id = e.sensor_id OFFSET 0) s
@@ -105,7 +99,28 @@ func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, paylo
 		WHERE (cardinality(s.event_types) = 0 OR e.type = ANY(s.event_types))
 		  AND (cardinality(cl.event_types) = 0 OR e.type = ANY(cl.event_types))
 		ON CONFLICT (event_id, client_id, sensor_id) DO NOTHING
-		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`, ids, sensors, revs, payloads, types)
+		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`
+
+var (
+	insertSQL       = fmt.Sprintf(insertTemplate, "", "", "", "")
+	insertTracedSQL = fmt.Sprintf(insertTemplate, ", traceparent", ",\n\t\t       nullif(e.tp, '')", ", $6::text[]", ", tp")
+)
+
+// insertAndSupersede is insertDeliveries without its planner settings.
+func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte, tps []string) (created int, recs []event.Attempt, late int, err error) {
+	ids := make([]string, len(evs))
+	sensors := make([]string, len(evs))
+	revs := make([]int64, len(evs))
+	types := make([]string, len(evs))
+	for i, e := range evs {
+		ids[i], sensors[i], revs[i], types[i] = e.ID, e.SensorID, e.Revision, "sensor."+e.Type
+	}
+	args := []any{ids, sensors, revs, payloads, types}
+	q := insertSQL
+	if tps != nil {
+		q, args = insertTracedSQL, append(args, tps)
+	}
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
 	}

@@ -26,8 +26,8 @@ func configFlags(fs *flag.FlagSet, names ...string) map[string]*string {
 	return vals
 }
 
-// commandSettings are the variables each command reads, beyond LOCKS_LOG_LEVEL; run and
-// migrate read them all.
+// commandSettings are the variables each command reads, beyond LOCKS_LOG_LEVEL and
+// LOCKS_LOG_FORMAT; run and migrate read them all.
 var commandSettings = map[string][]string{
 	"loadgen": {"LOCKS_AMQP_URL", "LOCKS_AMQP_QUEUE", "LOCKS_HTTP_ADDR", "LOCKS_LOST_AFTER"},
 	"replay": {"LOCKS_POSTGRES_URL", "LOCKS_CLICKHOUSE_URL", "LOCKS_CLICKHOUSE_CLUSTER", "LOCKS_NATS_URL", "LOCKS_NATS_LISTEN",
@@ -41,5 +41,5 @@ func settingsOf(cmd string) []string {
 	if !ok {
 		return nil
 	}
-	return append(append([]string(nil), names...), "LOCKS_LOG_LEVEL")
+	return append(append([]string(nil), names...), "LOCKS_LOG_LEVEL", "LOCKS_LOG_FORMAT")
 }

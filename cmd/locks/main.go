@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
@@ -113,7 +114,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "locks: %v\n", err)
 		return 2
 	}
-	log := newLogger(stderr, cfg.LogLevel)
+	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
 	if cmd == "nats-accounts" {
 		conf, err := natsx.AccountsConf(cfg.Partitions)
 		if err != nil {
@@ -167,10 +168,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 // runGCPercent is the GC target of `locks run` when GOGC is not set.
 const runGCPercent = 400
 
-func newLogger(w io.Writer, level string) *slog.Logger {
+// newLogger is the process's logger on w; level and format were validated by config.Load.
+func newLogger(w io.Writer, level, format string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+	h, err := logfmt.NewHandler(w, format, l)
+	if err != nil {
+		h, _ = logfmt.NewHandler(w, logfmt.Text, l)
+	}
+	return slog.New(h)
 }
 
 // oneLine folds an error whose text spans lines (pgx lists each address tried) into one line.

@@ -2,17 +2,26 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
 // The test binary doubles as the locks binary: with LOCKS_TEST_MAIN=1 it runs main, so the
@@ -99,7 +108,9 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-// The whole system starts against the real servers, becomes ready, and stops cleanly on SIGTERM.
+// The whole system starts against the real servers, becomes ready (on /readyz and on
+// grpc.health.v1, which needs no token), logs JSON lines, exports a reading's span to the
+// OTLP endpoint of OTEL_EXPORTER_OTLP_ENDPOINT, and stops cleanly on SIGTERM.
 func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	t.Parallel()
 	pgURL := testenv.PostgresURL(t)
@@ -107,7 +118,10 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
 	http1, grpc1 := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	rabbit := testenv.RabbitMQ(t)
+	otlp := testenv.OTLP(t)
 	cmd := locksCmd(t, []string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL,
+		"OTEL_BSP_SCHEDULE_DELAY=100",
 		"LOCKS_POSTGRES_URL=" + pgURL,
 		"LOCKS_CLICKHOUSE_URL=clickhouse://" + testenv.ClickHouseAddr() + "/" + chDB,
 		"LOCKS_AMQP_URL=" + rabbit.URL,
@@ -116,6 +130,7 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 		"LOCKS_GRPC_ADDR=" + grpc1,
 		"LOCKS_API_TOKENS=test-token-0123456789",
 		"LOCKS_PARTITIONS=4",
+		"LOCKS_LOG_FORMAT=json",
 	}, "run", "--targets=all")
 	// As systemd runs a Type=notify unit (deploy/systemd): the states arrive on NOTIFY_SOCKET.
 	sock := filepath.Join(t.TempDir(), "notify")
@@ -172,6 +187,43 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
+	conn, err := grpc.NewClient(grpc1, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for _, service := range []string{"", "locks.v1.ClientService", "locks.v1.HistoryService"} {
+		testenv.Eventually(t, 30*time.Second, "grpc.health.v1 SERVING for "+service, func() bool {
+			res, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: service})
+			return err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING
+		})
+	}
+	if _, err := locksv1.NewSensorServiceClient(conn).ListSensors(t.Context(), &locksv1.ListSensorsRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("ListSensors without a token: %v, want UNAUTHENTICATED", err)
+	}
+	pub := locksCmd(t, []string{"LOCKS_AMQP_URL=" + rabbit.URL, "LOCKS_AMQP_QUEUE=" + rabbit.Queue}, "publish", "door7", "1")
+	if out, err := pub.CombinedOutput(); err != nil {
+		t.Fatalf("locks publish: %v\n%s", err, out)
+	}
+	var appendSpan string
+	testenv.Eventually(t, 10*time.Second, "the reading's bridge.append span at the OTLP receiver", func() bool {
+		for _, s := range otlp.Named("bridge.append") {
+			if s.Attrs["sensor.id"] == "door7" && s.Service == "lock-sensors" {
+				appendSpan = s.TraceID + "/" + s.SpanID
+				return true
+			}
+		}
+		return false
+	})
+	testenv.Eventually(t, 10*time.Second, "a state.apply span linked to the reading's", func() bool {
+		for _, s := range otlp.Named("state.apply") {
+			if slices.Contains(s.Links, appendSpan) {
+				return true
+			}
+		}
+		return false
+	})
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -196,6 +248,12 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "stopped cleanly") {
 		t.Fatalf("no clean stop in the log:\n%s", stderr.String())
+	}
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil || rec["time"] == nil || rec["level"] == nil || rec["msg"] == nil {
+			t.Errorf("LOCKS_LOG_FORMAT=json wrote a line that is not a JSON record with time, level, msg: %q", line)
+		}
 	}
 	// Nothing of ours still listens.
 	if c, err := net.DialTimeout("tcp", http1, time.Second); err == nil {

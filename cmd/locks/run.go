@@ -25,11 +25,13 @@ import (
 	"github.com/lock-sensors/lock-sensors/bridge"
 	"github.com/lock-sensors/lock-sensors/history"
 	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/internal/sdnotify"
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
 	"github.com/lock-sensors/lock-sensors/migrations"
 	"github.com/lock-sensors/lock-sensors/notifier"
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
@@ -141,6 +143,7 @@ type deps struct {
 	ops        *ops.Server
 	partitions partition.Set
 	auto       bool
+	tracing    *tracing.Tracing // nil: tracing off
 }
 
 // owned is what a part with leases is given: nil (its share, by leases) when auto, else --partitions.
@@ -161,16 +164,16 @@ func buildPart(name string, d deps) (runner, error) {
 	switch name {
 	case "bridge":
 		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
-			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg})
+			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/bridge")})
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
 			DisableAfter: d.cfg.EndpointDisableAfter, MetricsMaxClients: d.cfg.MetricsMaxClients,
 			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
-			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg})
+			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})
 	case "state":
 		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
-			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg})
+			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Tracer: d.tracing.Tracer("lock-sensors/state")})
 		if err != nil {
 			return nil, err
 		}
@@ -201,9 +204,13 @@ func buildPart(name string, d deps) (runner, error) {
 		if err != nil {
 			return nil, err
 		}
+		hl, err := newHealth(d.ops)
+		if err != nil {
+			return nil, err
+		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
-				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn())})
+				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn()), Health: hl.Server()})
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +224,7 @@ func buildPart(name string, d deps) (runner, error) {
 		d.ops.Handle("/ui/", dash.Handler())
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
-		return rb.Alongside(a), nil
+		return together{rb.Alongside(a), hl}, nil
 	case "alerter":
 		return newAlerter(d)
 	default:
@@ -232,6 +239,22 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfoGauge(readBuildInfo()))
 	presence, log := newPresence(log, reg, o.targets)
+	tr, err := tracing.Setup(ctx, os.Getenv, versionString())
+	if err != nil {
+		return err
+	}
+	if tr != nil {
+		// Outermost, so that stderr and LOGS both get the trace ids.
+		log = slog.New(logfmt.WithTrace(log.Handler()))
+		log.Info("tracing on: spans go to the OTLP endpoint of OTEL_EXPORTER_OTLP_*")
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tr.Shutdown(sctx); err != nil {
+				log.Warn("the last spans were not exported", "err", err)
+			}
+		}()
+	}
 	srv := ops.New(cfg.HTTPAddr, reg, log)
 	reg.MustRegister(srv.Readiness(ops.ReadinessReuseDefault))
 	if cfg.Pprof {
@@ -247,7 +270,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	if err := migrate(ctx, cfg, usePG, useCH, log); err != nil {
 		return err
 	}
-	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions, auto: o.auto}
+	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions, auto: o.auto, tracing: tr}
 
 	if usePG {
 		pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)

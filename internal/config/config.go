@@ -38,6 +38,8 @@ type Config struct {
 	WebhookAllowPrivate bool
 	Partitions          int
 	LogLevel            string
+	// LogFormat is "text" or "json" (internal/logfmt).
+	LogFormat string
 	// Retention: how long streams, the notifier's rows and ClickHouse history are kept.
 	Retention
 	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
@@ -309,6 +311,14 @@ func settings() []setting {
 				return nil
 			}
 			return errors.New("must be debug, info, warn or error")
+		}},
+		{"LOCKS_LOG_FORMAT", "text", "text (logfmt-like key=value, for people) or json (one object a line with slog's standard keys time, level, msg, then the attributes, for log pipelines); the dashboard's LOGS panel reads the same JSON either way", func(c *Config, v string) error {
+			switch strings.ToLower(v) {
+			case "text", "json":
+				c.LogFormat = strings.ToLower(v)
+				return nil
+			}
+			return errors.New("must be text or json")
 		}},
 	}
 	return append(append(base, alertSettings()...), retentionSettings()...)

@@ -122,10 +122,11 @@ func (s *Server) AddCheck(name string, c Check) {
 // Handle mounts h on pattern, e.g. the REST gateway on "/v1/".
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Ready runs every check and returns the reason of each failure ("ok" for a success), by
-// check name, with the full error text.
+// Ready returns the reason of each check's failure ("ok" for a success), by check name, with
+// the full error text, from the round /readyz answers with: a round runs at most once per
+// interval, whoever asks.
 func (s *Server) Ready(ctx context.Context) map[string]string {
-	res, _ := s.ready(ctx)
+	res, _ := s.rounds.get(ctx, s.rounds.interval())
 	return res
 }
 

@@ -45,6 +45,8 @@ type Row struct {
 	Seq int64
 	// Created is when the row was written, for the user's Published hook.
 	Created time.Time
+	// Traceparent, when set, is sent as the message's W3C traceparent header.
+	Traceparent string
 }
 
 // ErrNotAcked says JetStream did not acknowledge a round's publishes within AckTimeout.
@@ -292,7 +294,8 @@ func (r *Relay) publishBatches(ctx context.Context, wave []Row, acked *[]Row) []
 		n := min(len(wave), natsx.MaxAtomicBatch)
 		msgs := make([]*nats.Msg, n)
 		for i, o := range wave[:n] {
-			msgs[i] = &nats.Msg{Subject: o.Subject, Data: o.Data, Header: nats.Header{jetstream.MsgIDHeader: []string{o.MsgID}}}
+			msgs[i] = &nats.Msg{Subject: o.Subject, Data: o.Data, Header: o.header()}
+			msgs[i].Header.Set(jetstream.MsgIDHeader, o.MsgID)
 		}
 		if _, err := natsx.PublishAtomic(ctx, r.js, msgs, r.cfg.AckTimeout); err != nil {
 			r.batchFailures.Inc()
@@ -315,7 +318,7 @@ func (r *Relay) publishEach(ctx context.Context, wave []Row, acked *[]Row) error
 	var errs []error
 	futs := make([]jetstream.PubAckFuture, 0, len(wave))
 	for _, o := range wave {
-		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Data: o.Data}, jetstream.WithMsgID(o.MsgID))
+		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Data: o.Data, Header: o.header()}, jetstream.WithMsgID(o.MsgID))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("publish %s: %w", o.MsgID, err))
 			break
@@ -353,4 +356,12 @@ func (r *Relay) atomic(ctx context.Context, subject string) bool {
 	}
 	r.allowsAtomic.Store(&v)
 	return v
+}
+
+// header is a row's message header: its traceparent, if any (the publish adds the id).
+func (o Row) header() nats.Header {
+	if o.Traceparent == "" {
+		return nats.Header{}
+	}
+	return nats.Header{"traceparent": []string{o.Traceparent}}
 }

@@ -1,6 +1,7 @@
 package procs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,18 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
-
-// LogRecord is one warning or error in LOGS, as JSON.
-type LogRecord struct {
-	Time    time.Time      `json:"time"`
-	Level   string         `json:"level"`
-	Msg     string         `json:"msg"`
-	Process string         `json:"process"`
-	Part    string         `json:"part,omitempty"`
-	Attrs   map[string]any `json:"attrs,omitempty"`
-}
 
 // LogBufferDefault is how many records wait for NATS before new ones are dropped.
 const LogBufferDefault = 1000
@@ -37,7 +29,7 @@ const maxRecord = 8 << 10
 // goes into a bounded buffer, or is dropped and counted when the buffer is full.
 type LogTee struct {
 	process string
-	ch      chan LogRecord
+	ch      chan []byte
 	dropped *prometheus.CounterVec
 }
 
@@ -46,7 +38,7 @@ func NewLogTee(process string, buffer int) *LogTee {
 	if buffer <= 0 {
 		buffer = LogBufferDefault
 	}
-	return &LogTee{process: process, ch: make(chan LogRecord, buffer),
+	return &LogTee{process: process, ch: make(chan []byte, buffer),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "locks_logs_dropped_total",
 			Help: "Warnings and errors not sent to the LOGS stream (buffer full while NATS was slow or away, or the append failed); they are still in the process's own log.",
@@ -57,9 +49,13 @@ func NewLogTee(process string, buffer int) *LogTee {
 func (t *LogTee) Collectors() []prometheus.Collector { return []prometheus.Collector{t.dropped} }
 
 // Handler wraps inner: every record goes to inner as before, and WARN+ also to the tee.
-func (t *LogTee) Handler(inner slog.Handler) slog.Handler { return &teeHandler{inner: inner, tee: t} }
+func (t *LogTee) Handler(inner slog.Handler) slog.Handler {
+	j := slog.NewJSONHandler(teeWriter{t}, logfmt.Options(slog.LevelWarn)).
+		WithAttrs([]slog.Attr{slog.String("process", t.process)})
+	return &teeHandler{inner: inner, json: j, tee: t}
+}
 
-func (t *LogTee) offer(r LogRecord) {
+func (t *LogTee) offer(r []byte) {
 	select {
 	case t.ch <- r:
 	default:
@@ -70,16 +66,7 @@ func (t *LogTee) offer(r LogRecord) {
 // Run appends the buffered records to LOGS until ctx ends, then what is left within a second.
 func (t *LogTee) Run(ctx context.Context, js jetstream.JetStream) error {
 	subject := natsx.LogsSubject(t.process)
-	send := func(ctx context.Context, r LogRecord) {
-		b, err := json.Marshal(r)
-		if err == nil && len(b) > maxRecord {
-			r.Attrs = map[string]any{"truncated": fmt.Sprintf("attributes of %d bytes cut", len(b))}
-			b, err = json.Marshal(r)
-		}
-		if err != nil {
-			t.dropped.WithLabelValues("encode").Inc()
-			return
-		}
+	send := func(ctx context.Context, b []byte) {
 		c, cancel := context.WithTimeout(ctx, publishTimeout)
 		defer cancel()
 		if _, err := js.Publish(c, subject, b); err != nil {
@@ -110,13 +97,13 @@ func (t *LogTee) Run(ctx context.Context, js jetstream.JetStream) error {
 	}
 }
 
-// teeHandler is the slog.Handler of LogTee.Handler; attrs and groups given to With are kept
-// so that a record in LOGS carries its part ("part" attribute) and context.
+// teeHandler is the slog.Handler of LogTee.Handler: every record goes to inner, and WARN+
+// also through a JSON handler of the same options as the process's JSON log (with the
+// same attributes and groups from With) into the tee.
 type teeHandler struct {
-	inner  slog.Handler
-	tee    *LogTee
-	attrs  []slog.Attr // with their group prefix applied
-	prefix string
+	inner slog.Handler
+	json  slog.Handler
+	tee   *LogTee
 }
 
 func (h *teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
@@ -128,74 +115,52 @@ func (h *teeHandler) Handle(ctx context.Context, r slog.Record) error {
 	if h.inner.Enabled(ctx, r.Level) {
 		err = h.inner.Handle(ctx, r)
 	}
-	if r.Level < slog.LevelWarn {
-		return err
-	}
-	rec := LogRecord{Time: r.Time.UTC(), Level: r.Level.String(), Msg: r.Message, Process: h.tee.process,
-		Attrs: map[string]any{}}
-	var add func(prefix string, a slog.Attr)
-	add = func(prefix string, a slog.Attr) {
-		a.Value = a.Value.Resolve()
-		if a.Value.Kind() == slog.KindGroup {
-			p := prefix
-			if a.Key != "" {
-				p += a.Key + "."
-			}
-			for _, g := range a.Value.Group() {
-				add(p, g)
-			}
-			return
-		}
-		if a.Key == "" {
-			return
-		}
-		if prefix == "" && a.Key == "part" {
-			rec.Part = a.Value.String()
-			return
-		}
-		switch a.Value.Kind() {
-		case slog.KindAny:
-			if e, ok := a.Value.Any().(error); ok {
-				rec.Attrs[prefix+a.Key] = e.Error()
-				return
-			}
-			rec.Attrs[prefix+a.Key] = fmt.Sprint(a.Value.Any())
-		case slog.KindDuration, slog.KindTime:
-			rec.Attrs[prefix+a.Key] = a.Value.String()
-		default:
-			rec.Attrs[prefix+a.Key] = a.Value.Any()
+	if r.Level >= slog.LevelWarn {
+		if h.json.Handle(ctx, r) != nil {
+			h.tee.dropped.WithLabelValues("encode").Inc()
 		}
 	}
-	for _, a := range h.attrs {
-		add("", a)
-	}
-	r.Attrs(func(a slog.Attr) bool { add(h.prefix, a); return true })
-	if len(rec.Attrs) == 0 {
-		rec.Attrs = nil
-	}
-	h.tee.offer(rec)
 	return err
 }
 
 func (h *teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	n := *h
-	n.inner = h.inner.WithAttrs(as)
-	n.attrs = append([]slog.Attr(nil), h.attrs...)
-	for _, a := range as {
-		if h.prefix != "" {
-			a.Key = h.prefix + a.Key
-		}
-		n.attrs = append(n.attrs, a)
-	}
-	return &n
+	return &teeHandler{inner: h.inner.WithAttrs(as), json: h.json.WithAttrs(as), tee: h.tee}
 }
 
 func (h *teeHandler) WithGroup(name string) slog.Handler {
 	if name == "" {
 		return h
 	}
-	n := *h
-	n.inner = h.inner.WithGroup(name)
-	n.prefix = h.prefix + name + "."
-	return &n
+	return &teeHandler{inner: h.inner.WithGroup(name), json: h.json.WithGroup(name), tee: h.tee}
+}
+
+// teeWriter takes the JSON handler's lines: slog writes each record in one Write, from a
+// buffer it reuses, so the line is copied.
+type teeWriter struct{ tee *LogTee }
+
+func (w teeWriter) Write(p []byte) (int, error) {
+	line := bytes.TrimRight(p, "\n")
+	if len(line) > maxRecord {
+		line = truncated(line)
+	} else {
+		line = bytes.Clone(line)
+	}
+	w.tee.offer(line)
+	return len(p), nil
+}
+
+// truncated keeps a record's standard keys, process and part, and says how much was cut.
+func truncated(line []byte) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(line, &m) != nil {
+		m = map[string]json.RawMessage{}
+	}
+	out := map[string]any{"truncated": fmt.Sprintf("attributes of a %d-byte record cut", len(line))}
+	for _, k := range []string{slog.TimeKey, slog.LevelKey, slog.MessageKey, "process", "part"} {
+		if v, ok := m[k]; ok && len(v) < maxRecord/4 {
+			out[k] = v
+		}
+	}
+	b, _ := json.Marshal(out)
+	return b
 }

@@ -14,7 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/procs"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
@@ -257,5 +259,85 @@ func TestListSkipsEntriesTheirKeyDoesNotVouchFor(t *testing.T) {
 	}
 	if !slices.Equal(ids, []string{"h-1-aaaa", "h-5-eeee"}) {
 		t.Fatalf("listed %v, want the state process and the all process only", ids)
+	}
+}
+
+// A warning in LOGS is the very JSON line LOCKS_LOG_FORMAT=json writes on stderr (slog's
+// standard keys, attributes at the top level, the trace and span ids inside a span), plus
+// "process"; and LastLogs reads it back into its fields. (Groups: TestLogTeeSendsWarningsToLOGS.)
+func TestLogTeeRecordIsTheJSONLogLine(t *testing.T) {
+	t.Parallel()
+	n := testenv.NATS(t)
+	declare(t, n.JS)
+	tee := procs.NewLogTee("proc-3", 0)
+	var stderr testenv.LogBuffer
+	h, err := logfmt.NewHandler(&stderr, logfmt.JSON, slog.LevelInfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(logfmt.WithTrace(tee.Handler(h))).With("part", "notifier")
+	testenv.RunPart(t, "tee", func(ctx context.Context) error { return tee.Run(ctx, n.JS) }, 5*time.Second)
+
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5}, TraceFlags: trace.FlagsSampled})
+	log.WarnContext(trace.ContextWithSpanContext(t.Context(), sc), "webhook failed", "status", 503, "took", 1500*time.Millisecond, "err", errors.New("bad gateway"))
+
+	s, err := n.JS.Stream(t.Context(), natsx.LogsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw *jetstream.RawStreamMsg
+	testenv.Eventually(t, 5*time.Second, "the warning in LOGS", func() bool {
+		raw, err = s.GetLastMsgForSubject(t.Context(), natsx.LogsSubject("proc-3"))
+		return err == nil
+	})
+	var inLOGS, onStderr map[string]any
+	if err := json.Unmarshal(raw.Data, &inLOGS); err != nil {
+		t.Fatalf("LOGS record %s: %v", raw.Data, err)
+	}
+	if err := json.Unmarshal([]byte(stderr.String()), &onStderr); err != nil {
+		t.Fatalf("stderr line %q: %v", stderr.String(), err)
+	}
+	if inLOGS["process"] != "proc-3" {
+		t.Errorf("LOGS record without its process: %s", raw.Data)
+	}
+	delete(inLOGS, "process")
+	want := map[string]any{"level": "WARN", "msg": "webhook failed", "part": "notifier",
+		"status": float64(503), "took": "1.5s", "err": "bad gateway",
+		"trace_id": sc.TraceID().String(), "span_id": sc.SpanID().String()}
+	for k, v := range want {
+		if fmt.Sprint(onStderr[k]) != fmt.Sprint(v) {
+			t.Errorf("stderr %s = %v, want %v (line %s)", k, onStderr[k], v, stderr.String())
+		}
+	}
+	if fmt.Sprint(inLOGS) != fmt.Sprint(onStderr) {
+		t.Errorf("LOGS record and JSON log line differ:\n LOGS   %s\n stderr %s", raw.Data, stderr.String())
+	}
+	got, err := procs.LastLogs(t.Context(), n.JS, 1)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("LastLogs = %v, %v", got, err)
+	}
+	r := got[0]
+	if r.Msg != "webhook failed" || r.Level != "WARN" || r.Process != "proc-3" || r.Part != "notifier" || r.Time.IsZero() ||
+		r.Attrs["status"] != float64(503) || r.Attrs["took"] != "1.5s" || r.Attrs["trace_id"] != sc.TraceID().String() || len(r.Attrs) != 5 {
+		t.Errorf("LastLogs read %+v", r)
+	}
+}
+
+// A record far over LOGS' size keeps its standard keys and says it was cut.
+func TestLogTeeCutsAHugeRecord(t *testing.T) {
+	t.Parallel()
+	n := testenv.NATS(t)
+	declare(t, n.JS)
+	tee := procs.NewLogTee("proc-4", 0)
+	log := slog.New(tee.Handler(slog.DiscardHandler))
+	testenv.RunPart(t, "tee", func(ctx context.Context) error { return tee.Run(ctx, n.JS) }, 5*time.Second)
+	log.Error("huge", "body", strings.Repeat("x", 64<<10))
+	var got []procs.LogRecord
+	testenv.Eventually(t, 5*time.Second, "the record in LOGS", func() bool {
+		got, _ = procs.LastLogs(t.Context(), n.JS, 1)
+		return len(got) == 1
+	})
+	if r := got[0]; r.Msg != "huge" || r.Level != "ERROR" || r.Process != "proc-4" || r.Attrs["body"] != nil || r.Attrs["truncated"] == nil {
+		t.Errorf("cut record = %+v", r)
 	}
 }

@@ -8,10 +8,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
 // decodeBatch parses and checks msgs. A message that can never be applied (forged or
@@ -33,7 +35,11 @@ func (s *Projector) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg
 			s.m.skipped.WithLabelValues("invalid").Inc()
 			continue
 		}
-		out = append(out, item{seq: md.Sequence.Stream, log: l})
+		it := item{seq: md.Sequence.Stream, log: l}
+		if s.tracer != nil {
+			it.tp = m.Headers().Get(tracing.Traceparent)
+		}
+		out = append(out, it)
 	}
 	return out, nil
 }
@@ -52,8 +58,11 @@ type batch struct {
 	exists       map[string]bool // rows loaded: updated in place; the others are inserted
 	dirty        map[string]bool // rows step wrote
 	evs          []event.Event
-	applied      int
-	skipped      int
+	// evTP are the traceparents of evs' readings, only while tracing (traced).
+	evTP    []string
+	traced  bool
+	applied int
+	skipped int
 }
 
 func newBatch(tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
@@ -76,7 +85,18 @@ func newBatch(tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *bat
 // below the checkpoint, step the rest, then write the rows, the outbox and the advanced
 // checkpoint (one more). It fails with lease.ErrFenced, writing nothing, when epoch is no
 // longer p's. cache may be nil.
-func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []jetstream.Msg, cache *rowCache) error {
+func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []jetstream.Msg, cache *rowCache) (err error) {
+	var b *batch
+	if s.tracer != nil {
+		var span trace.Span
+		ctx, span = s.startApply(ctx, p, msgs)
+		defer func() {
+			if b == nil {
+				b = &batch{}
+			}
+			endApply(span, b.applied, b.skipped, len(b.evs), err)
+		}()
+	}
 	items, err := s.decodeBatch(ctx, p, msgs)
 	if err != nil {
 		return err
@@ -93,9 +113,9 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 		cache.clear()
 	}
 	start := time.Now()
-	var b *batch
 	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
 		b = newBatch(tx, p, epoch, items, cache)
+		b.traced = s.tracer != nil
 		if err := b.lockAndLoad(ctx); err != nil {
 			return err
 		}
@@ -244,7 +264,13 @@ func (b *batch) stepAll(items []item) {
 		b.applied++
 		cur, ok := b.rows[it.log.SensorID]
 		var touched bool
+		n := len(b.evs)
 		cur, touched, b.evs = step(cur, ok, it.log, b.p, it.seq, b.evs)
+		if b.traced {
+			for range len(b.evs) - n {
+				b.evTP = append(b.evTP, it.tp)
+			}
+		}
 		if touched {
 			b.rows[it.log.SensorID] = cur
 			b.dirty[it.log.SensorID] = true
@@ -285,6 +311,12 @@ func (b *batch) queueOutbox(w *pgx.Batch) error {
 			return fmt.Errorf("encode event: %w", err)
 		}
 		eid[i], sid[i], rev[i], payload[i] = e.ID, e.SensorID, e.Revision, raw
+	}
+	if b.traced {
+		w.Queue(`INSERT INTO outbox (event_id, partition, sensor_id, revision, payload, traceparent)
+			SELECT e, $2, s, r, b, nullif(tp, '') FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[]) WITH ORDINALITY AS t(e, s, r, b, tp, o)
+			ORDER BY o`, eid, b.p, sid, rev, payload, b.evTP)
+		return nil
 	}
 	w.Queue(`INSERT INTO outbox (event_id, partition, sensor_id, revision, payload)
 		SELECT e, $2, s, r, b FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bytea[]) WITH ORDINALITY AS t(e, s, r, b, o)

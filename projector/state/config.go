@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -121,6 +122,8 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	JS         jetstream.JetStream
 	PG         *pgxpool.Pool
+	// Tracer, when set, traces each applied batch (trace.go); nil: no tracing at all.
+	Tracer trace.Tracer
 }
 
 // candidates are the partitions this process may own: the fixed ones, or any.

@@ -23,7 +23,7 @@ import (
 
 // The outbox of a partition, read by that partition's owner only.
 const (
-	relaySelect = `SELECT id, revision, event_id, sensor_id, payload, created_at FROM outbox
+	relaySelect = `SELECT id, revision, event_id, sensor_id, payload, created_at, coalesce(traceparent, '') FROM outbox
 		WHERE partition = $1 ORDER BY id LIMIT $2`
 	relayDelete = `DELETE FROM outbox WHERE id = ANY($1)`
 )
@@ -83,7 +83,7 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 func scanEventRow(p int) func(pgx.Rows) (outbox.Row, error) {
 	return func(rows pgx.Rows) (outbox.Row, error) {
 		var o outbox.Row
-		err := rows.Scan(&o.ID, &o.Seq, &o.MsgID, &o.Key, &o.Data, &o.Created)
+		err := rows.Scan(&o.ID, &o.Seq, &o.MsgID, &o.Key, &o.Data, &o.Created, &o.Traceparent)
 		o.Subject = natsx.EventsSubject(p, o.Key)
 		return o, err
 	}

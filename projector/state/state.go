@@ -14,6 +14,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -34,6 +35,7 @@ type Projector struct {
 	// setAside records the READINGS messages that can never be applied.
 	setAside *setaside.Recorder
 	gaps     *logread.Gaps
+	tracer   trace.Tracer // nil: no tracing (trace.go)
 }
 
 // New checks the configuration and registers the metrics.
@@ -50,7 +52,7 @@ func New(cfg Config, d Deps) (*Projector, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m}
+	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m, tracer: d.Tracer}
 	if s.gaps, err = logread.NewGaps(d.Registerer, s.log, Name); err != nil {
 		return nil, err
 	}

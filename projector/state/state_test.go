@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
@@ -31,12 +32,13 @@ import (
 
 // stateEnv is one READINGS/EVENTS log and one database.
 type stateEnv struct {
-	nats  *testenv.NATSEnv
-	pgURL string
-	pg    *pgxpool.Pool
-	n     int                  // partitions
-	reg   *prometheus.Registry // of the last State run by runState
-	batch int                  // Config.BatchSize for runState (0: the default)
+	nats   *testenv.NATSEnv
+	pgURL  string
+	pg     *pgxpool.Pool
+	n      int                  // partitions
+	reg    *prometheus.Registry // of the last State run by runState
+	batch  int                  // Config.BatchSize for runState (0: the default)
+	tracer trace.Tracer         // Deps.Tracer for runState (nil: no tracing)
 }
 
 func newStateEnv(t testing.TB, n int) *stateEnv { return newStateEnvDup(t, n, 0) }
@@ -131,7 +133,7 @@ func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partitio
 	t.Helper()
 	e.reg = prometheus.NewRegistry()
 	s, err := New(Config{Partitions: parts, PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
-		BatchSize: e.batch}, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(t), Registerer: e.reg})
+		BatchSize: e.batch}, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,6 +63,9 @@ func step(cur row, ok bool, l event.Log, p int, seq uint64, evs []event.Event) (
 type item struct {
 	seq uint64
 	log event.Log
+	// tp is the READINGS message's traceparent, carried to the events the reading derives;
+	// read only while tracing.
+	tp string
 }
 
 // prepareLog checks a READINGS message stored under subject and decodes it as step
