@@ -94,6 +94,7 @@ type Server struct {
 	resolver Resolver
 	history  History
 	auth     *authenticator
+	touches  tokenTouches // when client tokens' last use was last written (tokens.go)
 	metrics  *metrics
 
 	grpc    *grpc.Server
@@ -147,6 +148,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterWebhookControlServiceServer(s.grpc, &controlService{s: s})
 	locksv1.RegisterOverviewServiceServer(s.grpc, &overviewService{s: s})
 	locksv1.RegisterAlertServiceServer(s.grpc, &alertService{s: s})
+	locksv1.RegisterClientTokenServiceServer(s.grpc, &tokenService{s: s})
+	locksv1.RegisterClientEventServiceServer(s.grpc, &feedService{s: s})
 	// Server reflection lets grpcurl and the like discover the services (with a token: the
 	// stream interceptor guards it like every call).
 	reflection.Register(s.grpc)
@@ -158,7 +161,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: in-process gRPC connection: %w", err)
 	}
-	gw, err := newGateway(s.conn, s.auth)
+	gw, err := newGateway(s.conn, func(ctx context.Context, authorization string) error {
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		_, err := s.authenticate(ctx, authorization)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

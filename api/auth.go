@@ -17,7 +17,7 @@ import (
 // errNoTokens is what every call gets when no token is configured.
 var errNoTokens = fmt.Errorf("%w: this server has no API token configured, so it refuses every call; set LOCKS_API_TOKENS to a comma-separated list of bearer tokens (16 characters or more each) and restart", ErrUnauthenticated)
 
-// authenticator checks bearer tokens. Tokens are kept as SHA-256 digests and compared in
+// authenticator checks administrator bearer tokens (client tokens: tokens.go). Tokens are kept as SHA-256 digests and compared in
 // constant time, all of them every time, so neither a token's length nor which token
 // matched shows in the timing.
 type authenticator struct {
@@ -92,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // callTimeout bounds one call, so that a stuck database cannot pile calls up for ever.
 const callTimeout = 30 * time.Second
 
-// unary authenticates, recovers panics, maps errors to codes (statusOf) and records metrics:
+// unary authenticates and authorizes (authz.go), recovers panics, maps errors to codes (statusOf) and records metrics:
 // every call goes through it, REST ones included, since the gateway calls over gRPC.
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
@@ -101,11 +101,15 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		s.metrics.requests.WithLabelValues(method, codeOf(err)).Inc()
 		s.metrics.duration.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	}()
-	if err := s.auth.check(authorizationOf(ctx)); err != nil {
-		return nil, s.toStatus(ctx, info.FullMethod, err)
-	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	p, err := s.authenticate(ctx, authorizationOf(ctx))
+	if err != nil {
+		return nil, s.toStatus(ctx, info.FullMethod, err)
+	}
+	if err := s.authorize(ctx, p, info.FullMethod, req); err != nil {
+		return nil, s.toStatus(ctx, info.FullMethod, err)
+	}
 	resp, err = s.call(ctx, req, handler)
 	if err != nil {
 		return nil, s.toStatus(ctx, info.FullMethod, err)
@@ -137,7 +141,12 @@ func (s *Server) toStatus(ctx context.Context, method string, err error) error {
 // stream guards streaming calls the same way (the API has none today; reflection or health
 // services added later would be covered).
 func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := s.auth.check(authorizationOf(ss.Context())); err != nil {
+	p, err := s.authenticate(ss.Context(), authorizationOf(ss.Context()))
+	if err != nil {
+		return s.toStatus(ss.Context(), info.FullMethod, err)
+	}
+	// No request yet: a stream is for administrators unless permissions says otherwise.
+	if err := s.authorize(ss.Context(), p, info.FullMethod, nil); err != nil {
 		return s.toStatus(ss.Context(), info.FullMethod, err)
 	}
 	return handler(srv, ss)

@@ -29,8 +29,8 @@ const maxBodyBytes = 1 << 20
 // newGateway is the REST API: JSON with the proto field names (lower_snake_case), enums by
 // name, zero values shown (data 0 is a state, not an absence), unknown fields refused, and
 // errors as {code, message, details} with the HTTP status of httpStatus. Every request is
-// authenticated (auth.check, the interceptor's check) before its body is read.
-func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error) {
+// authenticated (authn: Server.authenticate, the interceptor's check) before its body is read.
+func newGateway(conn *grpc.ClientConn, authn func(ctx context.Context, authorization string) error) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &fieldNamingJSON{runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true},
@@ -52,6 +52,8 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		locksv1.RegisterWebhookControlServiceHandler,
 		locksv1.RegisterOverviewServiceHandler,
 		locksv1.RegisterAlertServiceHandler,
+		locksv1.RegisterClientTokenServiceHandler,
+		locksv1.RegisterClientEventServiceHandler,
 	} {
 		if err := reg(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("api: register gateway handler: %w", err)
@@ -61,7 +63,7 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		// The gateway decodes the body before it calls the gRPC server, whose interceptor
 		// authenticates: so without this, anyone could make the process read and parse up to
 		// maxBodyBytes, and a malformed body got a 400 describing it instead of a 401.
-		if err := auth.check(r.Header.Get("Authorization")); err != nil {
+		if err := authn(r.Context(), r.Header.Get("Authorization")); err != nil {
 			_, out := runtime.MarshalerForRequest(mux, r)
 			st, _ := statusOf(err)
 			runtime.HTTPError(r.Context(), mux, out, w, r, st.Err())
@@ -161,6 +163,15 @@ func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
 // fieldNamingJSON is the gateway's JSON marshaler, with errors that name the field of the
 // body that could not be read (protojson only gives a line and column).
 type fieldNamingJSON struct{ runtime.JSONPb }
+
+// Marshal is JSONPb's, but for an event feed page, whose events are shown as the JSON
+// objects they are (feedJSON).
+func (m *fieldNamingJSON) Marshal(v any) ([]byte, error) {
+	if r, ok := v.(*locksv1.ListClientEventsResponse); ok {
+		return feedJSON(r)
+	}
+	return m.JSONPb.Marshal(v)
+}
 
 // NewDecoder reads the whole body (bounded by maxBodyBytes) and decodes it at once.
 func (m *fieldNamingJSON) NewDecoder(r io.Reader) runtime.Decoder {
