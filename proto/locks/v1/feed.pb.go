@@ -29,7 +29,7 @@ type ListClientEventsRequest struct {
 	// The cursor of the last event already read (an item's cursor, or a next_cursor); empty
 	// means from the oldest event kept (deliveries are kept for LOCKS_NOTIFIER_RETENTION).
 	After string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
-	// At most this many events (default 100, at most 1000).
+	// At most this many events (default 100; more than 1000 is taken as 1000).
 	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
