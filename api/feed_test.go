@@ -191,7 +191,7 @@ func TestFeedLateCommit(t *testing.T) {
 	}
 	defer func() { _ = early.Rollback(context.Background()) }()
 	insertDelivery(t, early, f.a, feedEvent("s1", 1), "pending") // takes its transaction id now
-	insertDelivery(t, f.db, f.a, feedEvent("s2", 1), "pending") // a later transaction, committed first
+	insertDelivery(t, f.db, f.a, feedEvent("s2", 1), "pending")  // a later transaction, committed first
 	got, cur := readFeedREST(f.env, f.tokA, f.a, "", 10)
 	if len(got) != 0 {
 		t.Fatalf("the feed showed %s while an earlier transaction was open", got[0])
