@@ -95,6 +95,7 @@ type Server struct {
 	history  History
 	auth     *authenticator
 	touches  tokenTouches // when client tokens' last use was last written (tokens.go)
+	hub      *feedHub     // wakes event watchers (watch.go)
 	metrics  *metrics
 
 	grpc    *grpc.Server
@@ -129,6 +130,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		mem: bufconn.Listen(1 << 20),
 	}
 	s.deadLetters = deps.DeadLetters
+	s.hub = newFeedHub(deps.PG, deps.Logger)
 	s.controls = deps.Controls
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
@@ -205,6 +207,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if len(s.cfg.Tokens) == 0 {
 		s.log.Warn("no API token configured: every API call will be refused; set LOCKS_API_TOKENS to a comma-separated list of bearer tokens")
 	}
+	hubCtx, stopHub := context.WithCancel(ctx)
+	defer stopHub()
+	go s.hub.run(hubCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.mem) }()
 	go func() { errc <- s.grpc.Serve(ln) }()

@@ -138,18 +138,48 @@ func (s *Server) toStatus(ctx context.Context, method string, err error) error {
 	return st.Err()
 }
 
-// stream guards streaming calls the same way (the API has none today; reflection or health
-// services added later would be covered).
+// stream guards streaming calls the same way: authentication at once, authorization of a
+// server stream's request when the handler reads it (authorizedStream), errors mapped by
+// statusOf. Streams without a row in permissions (reflection) are for administrators.
 func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	p, err := s.authenticate(ss.Context(), authorizationOf(ss.Context()))
 	if err != nil {
 		return s.toStatus(ss.Context(), info.FullMethod, err)
 	}
-	// No request yet: a stream is for administrators unless permissions says otherwise.
-	if err := s.authorize(ss.Context(), p, info.FullMethod, nil); err != nil {
-		return s.toStatus(ss.Context(), info.FullMethod, err)
+	if p.admin {
+		return s.streamStatus(ss.Context(), info.FullMethod, handler(srv, ss))
 	}
-	return handler(srv, ss)
+	if _, ok := permissionOf[info.FullMethod]; !ok || !info.IsServerStream || info.IsClientStream {
+		// Reflection and the like: for administrators (decide says why).
+		if err := s.authorize(ss.Context(), p, info.FullMethod, nil); err != nil {
+			return s.toStatus(ss.Context(), info.FullMethod, err)
+		}
+	}
+	// A server stream's one request is read by the handler: authorized as it arrives.
+	return s.streamStatus(ss.Context(), info.FullMethod, handler(srv, &authorizedStream{ServerStream: ss, check: func(req any) error {
+		return s.authorize(ss.Context(), p, info.FullMethod, req)
+	}}))
+}
+
+// streamStatus maps a stream handler's error to its code, as unary does.
+func (s *Server) streamStatus(ctx context.Context, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return s.toStatus(ctx, method, err)
+}
+
+// authorizedStream authorizes the request of a server-streaming call when the handler reads it.
+type authorizedStream struct {
+	grpc.ServerStream
+	check func(req any) error
+}
+
+func (a *authorizedStream) RecvMsg(m any) error {
+	if err := a.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return a.check(m)
 }
 
 func codeOf(err error) string {

@@ -78,6 +78,7 @@ var permissions = []permission{
 	{"/locks.v1.HistoryService/RedriveClientDeliveries", "POST /v1/clients/{client_id}/deliveries:redrive", ownClient, "client_id"},
 	{"/locks.v1.WebhookControlService/ResendDelivery", "POST /v1/clients/{client_id}/deliveries/{event_id}:resend", ownClient, "client_id"},
 	{"/locks.v1.ClientEventService/ListClientEvents", "GET /v1/clients/{client_id}/events", ownClient, "client_id"},
+	{"/locks.v1.ClientEventService/WatchClientEvents", "GET /v1/clients/{client_id}/events:watch", ownClient, "client_id"},
 	{"/locks.v1.SubscriptionService/ListClientSensors", "GET /v1/clients/{client_id}/sensors", ownClient, "client_id"},
 	{"/locks.v1.ClientTokenService/CreateClientToken", "POST /v1/clients/{client_id}/tokens", adminOnly, ""},
 	{"/locks.v1.ClientTokenService/ListClientTokens", "GET /v1/clients/{client_id}/tokens", adminOnly, ""},

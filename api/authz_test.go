@@ -1,6 +1,8 @@
 package api
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -170,8 +173,40 @@ func (f *tokenFixture) callREST(p permission, token, client, sensor string) (int
 	if token != "" {
 		hdr[1] = "Bearer " + token
 	}
+	if strings.HasSuffix(path, ":watch") {
+		return f.openWatch(path, token)
+	}
 	r := f.do(method, path, body, hdr...)
 	return r.status, r.str("message")
+}
+
+// openWatch opens a REST watch and hangs up once it has the status (and an error's message).
+func (f *tokenFixture) openWatch(path, token string) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", f.url+path, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := f.http.Do(req)
+	if err != nil {
+		f.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode == http.StatusOK {
+		return res.StatusCode, ""
+	}
+	var body struct {
+		Message string `json:"message"`
+		Error   struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	_ = json.NewDecoder(res.Body).Decode(&body)
+	return res.StatusCode, body.Message + body.Error.Message
 }
 
 // callGRPC makes row p's gRPC call the same way.
@@ -211,6 +246,26 @@ func (f *tokenFixture) callGRPC(t *testing.T, p permission, token, client, senso
 	ctx := t.Context()
 	if token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	if md.IsStreamingServer() {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		cs, err := f.raw.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, p.Method)
+		if err == nil {
+			err = cs.SendMsg(req.Interface())
+		}
+		if err == nil {
+			err = cs.CloseSend()
+		}
+		if err == nil {
+			var h metadata.MD
+			if h, err = cs.Header(); err == nil && len(h.Get(watchOpenHeader)) > 0 {
+				return codes.OK, ""
+			}
+			err = cs.RecvMsg(out.New().Interface())
+		}
+		st, _ := status.FromError(err)
+		return st.Code(), st.Message()
 	}
 	err = f.raw.Invoke(ctx, p.Method, req.Interface(), out.New().Interface())
 	st, _ := status.FromError(err)

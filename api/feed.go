@@ -160,3 +160,14 @@ func feedJSON(r *locksv1.ListClientEventsResponse) ([]byte, error) {
 	}
 	return json.Marshal(out)
 }
+
+// watchJSON is one line of the REST event watch: {"cursor", "event"}, as a feed page's items.
+func watchJSON(r *locksv1.WatchClientEventsResponse) ([]byte, error) {
+	if !json.Valid(r.GetEvent()) {
+		return nil, fmt.Errorf("event watch: an event is not JSON")
+	}
+	return json.Marshal(struct {
+		Cursor string          `json:"cursor"`
+		Event  json.RawMessage `json:"event"`
+	}{r.GetCursor(), r.GetEvent()})
+}

@@ -39,6 +39,7 @@ func newGateway(conn *grpc.ClientConn, authn func(ctx context.Context, authoriza
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithForwardResponseOption(etagHeader),
+		runtime.WithForwardResponseOption(watchOpened),
 	)
 	ctx := context.Background() // only kept by the handlers for cancellation; they have none
 	for _, reg := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
@@ -143,6 +144,26 @@ func (w authHeaderWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// watchOpened answers 200 as soon as an event watch is open (the server sends the header
+// watchOpenHeader once the call is authorized and the client found), rather than with its
+// first event, which may be a long time coming. A refused watch sends no header and gets the
+// error's status.
+func watchOpened(ctx context.Context, w http.ResponseWriter, resp proto.Message) error {
+	if resp != nil {
+		return nil
+	}
+	md, ok := runtime.ServerMetadataFromContext(ctx)
+	if !ok || len(md.HeaderMD.Get(watchOpenHeader)) == 0 {
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
 // etagHeader sets ETag on a REST answer that is one resource.
 func etagHeader(_ context.Context, w http.ResponseWriter, resp proto.Message) error {
 	var body any = resp
@@ -167,11 +188,19 @@ type fieldNamingJSON struct{ runtime.JSONPb }
 // Marshal is JSONPb's, but for an event feed page, whose events are shown as the JSON
 // objects they are (feedJSON).
 func (m *fieldNamingJSON) Marshal(v any) ([]byte, error) {
-	if r, ok := v.(*locksv1.ListClientEventsResponse); ok {
+	switch r := v.(type) {
+	case *locksv1.ListClientEventsResponse:
 		return feedJSON(r)
+	case map[string]any: // a chunk of a stream: {"result": message}
+		if it, ok := r["result"].(*locksv1.WatchClientEventsResponse); ok && len(r) == 1 {
+			return watchJSON(it)
+		}
 	}
 	return m.JSONPb.Marshal(v)
 }
+
+// StreamContentType is that of a stream's answer: newline-delimited JSON (the event watch).
+func (m *fieldNamingJSON) StreamContentType(any) string { return "application/x-ndjson" }
 
 // NewDecoder reads the whole body (bounded by maxBodyBytes) and decodes it at once.
 func (m *fieldNamingJSON) NewDecoder(r io.Reader) runtime.Decoder {

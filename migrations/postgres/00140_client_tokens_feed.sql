@@ -23,8 +23,12 @@ CREATE INDEX client_tokens_client ON client_tokens (client_id, created_at, id);
 ALTER TABLE notifier_deliveries ADD COLUMN ingest_xid xid8 NOT NULL DEFAULT '0';
 ALTER TABLE notifier_deliveries ALTER COLUMN ingest_xid SET DEFAULT pg_current_xact_id();
 CREATE INDEX notifier_deliveries_feed ON notifier_deliveries (client_id, ingest_xid, id);
+-- Which clients' feeds grew since the last look (the API's watch hub, one query per API
+-- process and poll, whatever the number of watchers).
+CREATE INDEX notifier_deliveries_ingest ON notifier_deliveries (ingest_xid);
 
 -- +goose Down
+DROP INDEX notifier_deliveries_ingest;
 DROP INDEX notifier_deliveries_feed;
 ALTER TABLE notifier_deliveries DROP COLUMN ingest_xid;
 DROP TABLE client_tokens;

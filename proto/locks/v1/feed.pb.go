@@ -21,6 +21,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WatchClientEventsRequest names the client and where to start.
+type WatchClientEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The cursor of the last event already read; empty means from the oldest event kept.
+	After         string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchClientEventsRequest) Reset() {
+	*x = WatchClientEventsRequest{}
+	mi := &file_locks_v1_feed_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchClientEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchClientEventsRequest) ProtoMessage() {}
+
+func (x *WatchClientEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_feed_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchClientEventsRequest.ProtoReflect.Descriptor instead.
+func (*WatchClientEventsRequest) Descriptor() ([]byte, []int) {
+	return file_locks_v1_feed_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchClientEventsRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *WatchClientEventsRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
 // ListClientEventsRequest names the client and where to start.
 type ListClientEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -37,7 +92,7 @@ type ListClientEventsRequest struct {
 
 func (x *ListClientEventsRequest) Reset() {
 	*x = ListClientEventsRequest{}
-	mi := &file_locks_v1_feed_proto_msgTypes[0]
+	mi := &file_locks_v1_feed_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +104,7 @@ func (x *ListClientEventsRequest) String() string {
 func (*ListClientEventsRequest) ProtoMessage() {}
 
 func (x *ListClientEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_locks_v1_feed_proto_msgTypes[0]
+	mi := &file_locks_v1_feed_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +117,7 @@ func (x *ListClientEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClientEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListClientEventsRequest) Descriptor() ([]byte, []int) {
-	return file_locks_v1_feed_proto_rawDescGZIP(), []int{0}
+	return file_locks_v1_feed_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *ListClientEventsRequest) GetClientId() string {
@@ -100,7 +155,7 @@ type ClientEventItem struct {
 
 func (x *ClientEventItem) Reset() {
 	*x = ClientEventItem{}
-	mi := &file_locks_v1_feed_proto_msgTypes[1]
+	mi := &file_locks_v1_feed_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -112,7 +167,7 @@ func (x *ClientEventItem) String() string {
 func (*ClientEventItem) ProtoMessage() {}
 
 func (x *ClientEventItem) ProtoReflect() protoreflect.Message {
-	mi := &file_locks_v1_feed_proto_msgTypes[1]
+	mi := &file_locks_v1_feed_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -125,7 +180,7 @@ func (x *ClientEventItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientEventItem.ProtoReflect.Descriptor instead.
 func (*ClientEventItem) Descriptor() ([]byte, []int) {
-	return file_locks_v1_feed_proto_rawDescGZIP(), []int{1}
+	return file_locks_v1_feed_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ClientEventItem) GetCursor() string {
@@ -156,7 +211,7 @@ type ListClientEventsResponse struct {
 
 func (x *ListClientEventsResponse) Reset() {
 	*x = ListClientEventsResponse{}
-	mi := &file_locks_v1_feed_proto_msgTypes[2]
+	mi := &file_locks_v1_feed_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -168,7 +223,7 @@ func (x *ListClientEventsResponse) String() string {
 func (*ListClientEventsResponse) ProtoMessage() {}
 
 func (x *ListClientEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_locks_v1_feed_proto_msgTypes[2]
+	mi := &file_locks_v1_feed_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -181,7 +236,7 @@ func (x *ListClientEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClientEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListClientEventsResponse) Descriptor() ([]byte, []int) {
-	return file_locks_v1_feed_proto_rawDescGZIP(), []int{2}
+	return file_locks_v1_feed_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListClientEventsResponse) GetEvents() []*ClientEventItem {
@@ -198,11 +253,70 @@ func (x *ListClientEventsResponse) GetNextCursor() string {
 	return ""
 }
 
+// WatchClientEventsResponse is one event of the feed, as ClientEventItem (REST: one line of
+// newline-delimited JSON, {"cursor", "event"}).
+type WatchClientEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where the feed stands after this event: pass it as `after` to resume. Opaque.
+	Cursor string `protobuf:"bytes,1,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// The webhook body of the event, JSON, byte for byte as the receiver gets it.
+	Event         []byte `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchClientEventsResponse) Reset() {
+	*x = WatchClientEventsResponse{}
+	mi := &file_locks_v1_feed_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchClientEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchClientEventsResponse) ProtoMessage() {}
+
+func (x *WatchClientEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_feed_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchClientEventsResponse.ProtoReflect.Descriptor instead.
+func (*WatchClientEventsResponse) Descriptor() ([]byte, []int) {
+	return file_locks_v1_feed_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *WatchClientEventsResponse) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *WatchClientEventsResponse) GetEvent() []byte {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
 var File_locks_v1_feed_proto protoreflect.FileDescriptor
 
 const file_locks_v1_feed_proto_rawDesc = "" +
 	"\n" +
-	"\x13locks/v1/feed.proto\x12\blocks.v1\"i\n" +
+	"\x13locks/v1/feed.proto\x12\blocks.v1\"M\n" +
+	"\x18WatchClientEventsRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\"i\n" +
 	"\x17ListClientEventsRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\tR\x05after\x12\x1b\n" +
@@ -213,9 +327,13 @@ const file_locks_v1_feed_proto_rawDesc = "" +
 	"\x18ListClientEventsResponse\x121\n" +
 	"\x06events\x18\x01 \x03(\v2\x19.locks.v1.ClientEventItemR\x06events\x12\x1f\n" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
-	"nextCursor2o\n" +
+	"nextCursor\"I\n" +
+	"\x19WatchClientEventsResponse\x12\x16\n" +
+	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x12\x14\n" +
+	"\x05event\x18\x02 \x01(\fR\x05event2\xcf\x01\n" +
 	"\x12ClientEventService\x12Y\n" +
-	"\x10ListClientEvents\x12!.locks.v1.ListClientEventsRequest\x1a\".locks.v1.ListClientEventsResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
+	"\x10ListClientEvents\x12!.locks.v1.ListClientEventsRequest\x1a\".locks.v1.ListClientEventsResponse\x12^\n" +
+	"\x11WatchClientEvents\x12\".locks.v1.WatchClientEventsRequest\x1a#.locks.v1.WatchClientEventsResponse0\x01B=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
 
 var (
 	file_locks_v1_feed_proto_rawDescOnce sync.Once
@@ -229,18 +347,22 @@ func file_locks_v1_feed_proto_rawDescGZIP() []byte {
 	return file_locks_v1_feed_proto_rawDescData
 }
 
-var file_locks_v1_feed_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_locks_v1_feed_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_locks_v1_feed_proto_goTypes = []any{
-	(*ListClientEventsRequest)(nil),  // 0: locks.v1.ListClientEventsRequest
-	(*ClientEventItem)(nil),          // 1: locks.v1.ClientEventItem
-	(*ListClientEventsResponse)(nil), // 2: locks.v1.ListClientEventsResponse
+	(*WatchClientEventsRequest)(nil),  // 0: locks.v1.WatchClientEventsRequest
+	(*ListClientEventsRequest)(nil),   // 1: locks.v1.ListClientEventsRequest
+	(*ClientEventItem)(nil),           // 2: locks.v1.ClientEventItem
+	(*ListClientEventsResponse)(nil),  // 3: locks.v1.ListClientEventsResponse
+	(*WatchClientEventsResponse)(nil), // 4: locks.v1.WatchClientEventsResponse
 }
 var file_locks_v1_feed_proto_depIdxs = []int32{
-	1, // 0: locks.v1.ListClientEventsResponse.events:type_name -> locks.v1.ClientEventItem
-	0, // 1: locks.v1.ClientEventService.ListClientEvents:input_type -> locks.v1.ListClientEventsRequest
-	2, // 2: locks.v1.ClientEventService.ListClientEvents:output_type -> locks.v1.ListClientEventsResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
+	2, // 0: locks.v1.ListClientEventsResponse.events:type_name -> locks.v1.ClientEventItem
+	1, // 1: locks.v1.ClientEventService.ListClientEvents:input_type -> locks.v1.ListClientEventsRequest
+	0, // 2: locks.v1.ClientEventService.WatchClientEvents:input_type -> locks.v1.WatchClientEventsRequest
+	3, // 3: locks.v1.ClientEventService.ListClientEvents:output_type -> locks.v1.ListClientEventsResponse
+	4, // 4: locks.v1.ClientEventService.WatchClientEvents:output_type -> locks.v1.WatchClientEventsResponse
+	3, // [3:5] is the sub-list for method output_type
+	1, // [1:3] is the sub-list for method input_type
 	1, // [1:1] is the sub-list for extension type_name
 	1, // [1:1] is the sub-list for extension extendee
 	0, // [0:1] is the sub-list for field type_name
@@ -257,7 +379,7 @@ func file_locks_v1_feed_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_locks_v1_feed_proto_rawDesc), len(file_locks_v1_feed_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ClientEventService_ListClientEvents_FullMethodName = "/locks.v1.ClientEventService/ListClientEvents"
+	ClientEventService_ListClientEvents_FullMethodName  = "/locks.v1.ClientEventService/ListClientEvents"
+	ClientEventService_WatchClientEvents_FullMethodName = "/locks.v1.ClientEventService/WatchClientEvents"
 )
 
 // ClientEventServiceClient is the client API for ClientEventService service.
@@ -32,6 +33,11 @@ const (
 type ClientEventServiceClient interface {
 	// Lists a page of a client's events after a cursor (from the oldest kept without one).
 	ListClientEvents(ctx context.Context, in *ListClientEventsRequest, opts ...grpc.CallOption) (*ListClientEventsResponse, error)
+	// Streams a client's events after a cursor, then new ones as the notifier takes them in
+	// (within about a second), until the caller hangs up. Resume from the last item's cursor
+	// after a disconnect, on any API instance. A watcher that does not read for
+	// a while is cut off with RESOURCE_EXHAUSTED: resume from its last cursor.
+	WatchClientEvents(ctx context.Context, in *WatchClientEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchClientEventsResponse], error)
 }
 
 type clientEventServiceClient struct {
@@ -52,6 +58,25 @@ func (c *clientEventServiceClient) ListClientEvents(ctx context.Context, in *Lis
 	return out, nil
 }
 
+func (c *clientEventServiceClient) WatchClientEvents(ctx context.Context, in *WatchClientEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchClientEventsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ClientEventService_ServiceDesc.Streams[0], ClientEventService_WatchClientEvents_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchClientEventsRequest, WatchClientEventsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClientEventService_WatchClientEventsClient = grpc.ServerStreamingClient[WatchClientEventsResponse]
+
 // ClientEventServiceServer is the server API for ClientEventService service.
 // All implementations must embed UnimplementedClientEventServiceServer
 // for forward compatibility.
@@ -62,6 +87,11 @@ func (c *clientEventServiceClient) ListClientEvents(ctx context.Context, in *Lis
 type ClientEventServiceServer interface {
 	// Lists a page of a client's events after a cursor (from the oldest kept without one).
 	ListClientEvents(context.Context, *ListClientEventsRequest) (*ListClientEventsResponse, error)
+	// Streams a client's events after a cursor, then new ones as the notifier takes them in
+	// (within about a second), until the caller hangs up. Resume from the last item's cursor
+	// after a disconnect, on any API instance. A watcher that does not read for
+	// a while is cut off with RESOURCE_EXHAUSTED: resume from its last cursor.
+	WatchClientEvents(*WatchClientEventsRequest, grpc.ServerStreamingServer[WatchClientEventsResponse]) error
 	mustEmbedUnimplementedClientEventServiceServer()
 }
 
@@ -74,6 +104,9 @@ type UnimplementedClientEventServiceServer struct{}
 
 func (UnimplementedClientEventServiceServer) ListClientEvents(context.Context, *ListClientEventsRequest) (*ListClientEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListClientEvents not implemented")
+}
+func (UnimplementedClientEventServiceServer) WatchClientEvents(*WatchClientEventsRequest, grpc.ServerStreamingServer[WatchClientEventsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchClientEvents not implemented")
 }
 func (UnimplementedClientEventServiceServer) mustEmbedUnimplementedClientEventServiceServer() {}
 func (UnimplementedClientEventServiceServer) testEmbeddedByValue()                            {}
@@ -114,6 +147,17 @@ func _ClientEventService_ListClientEvents_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClientEventService_WatchClientEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchClientEventsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ClientEventServiceServer).WatchClientEvents(m, &grpc.GenericServerStream[WatchClientEventsRequest, WatchClientEventsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClientEventService_WatchClientEventsServer = grpc.ServerStreamingServer[WatchClientEventsResponse]
+
 // ClientEventService_ServiceDesc is the grpc.ServiceDesc for ClientEventService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -126,6 +170,12 @@ var ClientEventService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ClientEventService_ListClientEvents_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchClientEvents",
+			Handler:       _ClientEventService_WatchClientEvents_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "locks/v1/feed.proto",
 }
