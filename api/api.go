@@ -43,12 +43,21 @@ type Config struct {
 	// WebhookAllowPrivate allows webhook URLs on loopback and private addresses
 	// (LOCKS_WEBHOOK_ALLOW_PRIVATE).
 	WebhookAllowPrivate bool
+	// WatchSendTimeout is how long a batch of an event watch may take to leave before the
+	// watcher is cut off (0: WatchSendTimeoutDefault).
+	WatchSendTimeout time.Duration
 }
+
+// WatchSendTimeoutDefault is Config.WatchSendTimeout's default.
+const WatchSendTimeoutDefault = 10 * time.Second
 
 // Validate reports the first wrong field.
 func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
 		return fmt.Errorf("api: GRPCAddr %q must be host:port", c.GRPCAddr)
+	}
+	if c.WatchSendTimeout < 0 {
+		return errors.New("api: WatchSendTimeout must not be negative")
 	}
 	for _, t := range c.Tokens {
 		if len(t) < 16 {

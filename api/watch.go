@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -35,9 +34,6 @@ const (
 	watchPoll = 100 * time.Millisecond
 	// watchBatch is how many events a watcher reads and sends at a time.
 	watchBatch = 500
-	// watchSendTimeout is how long a batch may take to leave: a watcher that reads slower is cut
-	// off (RESOURCE_EXHAUSTED) and resumes from its cursor, rather than be buffered for.
-	watchSendTimeout = 10 * time.Second
 	// watchIdle is how often an idle watcher reads its feed anyway, should a wake-up be lost
 	// (a hub poll failing while Postgres restarts, say).
 	watchIdle = 5 * time.Second
@@ -157,7 +153,7 @@ func (f *feedService) WatchClientEvents(req *locksv1.WatchClientEventsRequest, s
 			return err
 		}
 		if len(items) > 0 {
-			if err := sendBatch(ctx, stream, items); err != nil {
+			if err := sendBatch(ctx, stream, items, f.s.watchSendTimeout()); err != nil {
 				return err
 			}
 			pos = items[len(items)-1].pos
@@ -186,10 +182,19 @@ func (f *feedService) read(ctx context.Context, client string, pos feedPos) ([]f
 	return items, err
 }
 
-// sendBatch sends items, or cuts the watcher off when they do not leave within
-// watchSendTimeout: gRPC's flow control holds them meanwhile, so nothing piles up beyond one
-// batch per watcher. Returning ends the stream, which unblocks the send.
-func sendBatch(ctx context.Context, stream locksv1.ClientEventService_WatchClientEventsServer, items []feedItem) error {
+// watchSendTimeout is how long a batch may take to leave: a watcher that reads slower is cut
+// off (RESOURCE_EXHAUSTED) and resumes from its cursor, rather than be buffered for.
+func (s *Server) watchSendTimeout() time.Duration {
+	if s.cfg.WatchSendTimeout > 0 {
+		return s.cfg.WatchSendTimeout
+	}
+	return WatchSendTimeoutDefault
+}
+
+// sendBatch sends items, or cuts the watcher off when they do not leave within timeout:
+// gRPC's flow control holds them meanwhile, so nothing piles up beyond one batch per watcher.
+// Returning ends the stream, which unblocks the send.
+func sendBatch(ctx context.Context, stream locksv1.ClientEventService_WatchClientEventsServer, items []feedItem, timeout time.Duration) error {
 	done := make(chan error, 1)
 	go func() {
 		for _, it := range items {
@@ -200,7 +205,7 @@ func sendBatch(ctx context.Context, stream locksv1.ClientEventService_WatchClien
 		}
 		done <- nil
 	}()
-	t := time.NewTimer(watchSendTimeout)
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case err := <-done:
@@ -209,6 +214,6 @@ func sendBatch(ctx context.Context, stream locksv1.ClientEventService_WatchClien
 		return nil
 	case <-t.C:
 		return status.Error(codes.ResourceExhausted, "this watcher reads slower than its events come: cut off after "+
-			strconv.Itoa(int(watchSendTimeout/time.Second))+" s without progress; resume from the cursor of the last event received")
+			timeout.String()+" without taking a batch; resume from the cursor of the last event received")
 	}
 }

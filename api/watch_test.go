@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -179,4 +182,72 @@ func TestWatch(t *testing.T) {
 	}
 	w, at := insert(1)
 	check(read(1), w, at)
+}
+
+// TestWatchSlowWatcherIsCutOff: a watcher that does not read is cut off with
+// RESOURCE_EXHAUSTED once a batch cannot leave in time, and resumes from its last cursor
+// with every later event once.
+func TestWatchSlowWatcherIsCutOff(t *testing.T) {
+	f := newTokenFixture(t, func(c *Config, _ *Deps) { c.WatchSendTimeout = 300 * time.Millisecond })
+	const n = 3000 // ~1 MB of bodies: more than the flow-control window below
+	var ids, sensors []string
+	var revs []int64
+	var payloads [][]byte
+	var want [][]byte
+	for rev := int64(1); rev <= n; rev++ {
+		ev := feedEvent("s1", rev)
+		ev.Type = event.TypeConnectionRestored
+		p, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, sensors, revs, payloads = append(ids, ev.ID), append(sensors, "s1"), append(revs, rev), append(payloads, p)
+		want = append(want, webhookBody(t, ev, "Street s1"))
+	}
+	if _, err := f.db.Exec(t.Context(), `INSERT INTO notifier_deliveries (event_id, client_id, sensor_id, revision, payload, state)
+		SELECT e, $1, s, r, p, 'delivered' FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bytea[]) AS u(e, s, r, p)`,
+		f.a, ids, sensors, revs, payloads); err != nil {
+		t.Fatal(err)
+	}
+	// A client with a small, fixed window (no BDP growth), which reads nothing at first.
+	conn, err := grpc.NewClient(f.raw.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+f.tokA)
+	stream, err := locksv1.NewClientEventServiceClient(conn).WatchClientEvents(ctx, &locksv1.WatchClientEventsRequest{ClientId: f.a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the slow reader: not reading is what is tested
+	var got [][]byte
+	var last string
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("a watcher that did not read ended with %v, want RESOURCE_EXHAUSTED", err)
+			}
+			break
+		}
+		got, last = append(got, m.GetEvent()), m.GetCursor()
+	}
+	if len(got) >= n {
+		t.Fatalf("the slow watcher got all %d events: it was not cut off for being slow", len(got))
+	}
+	items, errc, stop := watchGRPC(t, f.env, f.tokA, f.a, last)
+	defer func() { stop(); <-errc }()
+	for _, it := range next(t, items, n-len(got), 30*time.Second) {
+		got = append(got, it.body)
+	}
+	noMore(t, items, 300*time.Millisecond)
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("event %d is\n%s\nwant\n%s", i, got[i], want[i])
+		}
+	}
 }
