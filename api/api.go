@@ -44,12 +44,21 @@ type Config struct {
 	// WebhookAllowPrivate allows webhook URLs on loopback and private addresses
 	// (LOCKS_WEBHOOK_ALLOW_PRIVATE).
 	WebhookAllowPrivate bool
+	// WatchSendTimeout is how long a batch of an event watch may take to leave before the
+	// watcher is cut off (0: WatchSendTimeoutDefault).
+	WatchSendTimeout time.Duration
 }
+
+// WatchSendTimeoutDefault is Config.WatchSendTimeout's default.
+const WatchSendTimeoutDefault = 10 * time.Second
 
 // Validate reports the first wrong field.
 func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
 		return fmt.Errorf("api: GRPCAddr %q must be host:port", c.GRPCAddr)
+	}
+	if c.WatchSendTimeout < 0 {
+		return errors.New("api: WatchSendTimeout must not be negative")
 	}
 	for _, t := range c.Tokens {
 		if len(t) < 16 {
@@ -98,6 +107,8 @@ type Server struct {
 	resolver Resolver
 	history  History
 	auth     *authenticator
+	touches  tokenTouches // when client tokens' last use was last written (tokens.go)
+	hub      *feedHub     // wakes event watchers (watch.go)
 	metrics  *metrics
 
 	grpc    *grpc.Server
@@ -132,6 +143,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		mem: bufconn.Listen(1 << 20),
 	}
 	s.deadLetters = deps.DeadLetters
+	s.hub = newFeedHub(deps.PG, deps.Logger)
 	s.controls = deps.Controls
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
@@ -159,6 +171,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	locksv1.RegisterWebhookControlServiceServer(s.grpc, &controlService{s: s})
 	locksv1.RegisterOverviewServiceServer(s.grpc, &overviewService{s: s})
 	locksv1.RegisterAlertServiceServer(s.grpc, &alertService{s: s})
+	locksv1.RegisterClientTokenServiceServer(s.grpc, &tokenService{s: s})
+	locksv1.RegisterClientEventServiceServer(s.grpc, &feedService{s: s})
 	if deps.Health != nil {
 		healthpb.RegisterHealthServer(s.grpc, deps.Health)
 	}
@@ -173,7 +187,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: in-process gRPC connection: %w", err)
 	}
-	gw, err := newGateway(s.conn, s.auth)
+	gw, err := newGateway(s.conn, func(ctx context.Context, authorization string) error {
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		_, err := s.authenticate(ctx, authorization)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +231,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if len(s.cfg.Tokens) == 0 {
 		s.log.Warn("no API token configured: every API call will be refused; set LOCKS_API_TOKENS to a comma-separated list of bearer tokens")
 	}
+	hubCtx, stopHub := context.WithCancel(ctx)
+	defer stopHub()
+	go s.hub.run(hubCtx)
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.mem) }()
 	go func() { errc <- s.grpc.Serve(ln) }()

@@ -21,7 +21,7 @@ import (
 // errNoTokens is what every call gets when no token is configured.
 var errNoTokens = fmt.Errorf("%w: this server has no API token configured, so it refuses every call; set LOCKS_API_TOKENS to a comma-separated list of bearer tokens (16 characters or more each) and restart", ErrUnauthenticated)
 
-// authenticator checks bearer tokens. Tokens are kept as SHA-256 digests and compared in
+// authenticator checks administrator bearer tokens (client tokens: tokens.go). Tokens are kept as SHA-256 digests and compared in
 // constant time, all of them every time, so neither a token's length nor which token
 // matched shows in the timing.
 type authenticator struct {
@@ -96,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // callTimeout bounds one call, so that a stuck database cannot pile calls up for ever.
 const callTimeout = 30 * time.Second
 
-// unary authenticates, recovers panics, maps errors to codes (statusOf) and records metrics:
+// unary authenticates and authorizes (authz.go), recovers panics, maps errors to codes (statusOf) and records metrics:
 // every call goes through it, REST ones included, since the gateway calls over gRPC.
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
@@ -105,11 +105,18 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		s.metrics.requests.WithLabelValues(method, codeOf(err)).Inc()
 		s.metrics.duration.WithLabelValues(method).Observe(time.Since(start).Seconds())
 	}()
-	if err := s.authorize(ctx, info.FullMethod); err != nil {
-		return nil, s.toStatus(ctx, info.FullMethod, err)
-	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	// grpc.health.v1 needs no token: probes carry none, and it says no more than /readyz.
+	if !isHealth(info.FullMethod) {
+		p, err := s.authenticate(ctx, authorizationOf(ctx))
+		if err != nil {
+			return nil, s.toStatus(ctx, info.FullMethod, err)
+		}
+		if err := s.authorize(ctx, p, info.FullMethod, req); err != nil {
+			return nil, s.toStatus(ctx, info.FullMethod, err)
+		}
+	}
 	resp, err = s.call(ctx, req, handler)
 	if err != nil {
 		return nil, s.toStatus(ctx, info.FullMethod, err)
@@ -161,7 +168,9 @@ var KeepaliveParams = keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Min
 
 // tap refuses a call without a valid token from its headers alone, before gRPC reads its
 // message: an anonymous client cannot make the server buffer and decode up to
-// MaxRecvMsgSize per call.
+// MaxRecvMsgSize per call. A client token is only checked for its form here (the tap runs
+// on the connection's reader, which a database look-up would hold); the interceptor looks
+// it up before the handler runs.
 func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if isHealth(info.FullMethodName) {
 		return ctx, nil
@@ -169,6 +178,9 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 	var authorization string
 	if v := info.Header.Get("authorization"); len(v) > 0 {
 		authorization = v[0]
+	}
+	if token, err := bearer(authorization); err == nil && wellFormedClientToken(token) {
+		return ctx, nil
 	}
 	if err := s.auth.check(authorization); err != nil {
 		method := info.FullMethodName[strings.LastIndexByte(info.FullMethodName, '/')+1:]
@@ -178,22 +190,51 @@ func (s *Server) tap(ctx context.Context, info *tap.Info) (context.Context, erro
 	return ctx, nil
 }
 
-// stream guards streaming calls the same way (the API has none today; reflection or health
-// services added later would be covered).
+// stream guards streaming calls the same way: authentication at once, authorization of a
+// server stream's request when the handler reads it (authorizedStream), errors mapped by
+// statusOf. Streams without a row in permissions (reflection) are for administrators.
 func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := s.authorize(ss.Context(), info.FullMethod); err != nil {
+	if isHealth(info.FullMethod) {
+		return s.streamStatus(ss.Context(), info.FullMethod, handler(srv, ss))
+	}
+	p, err := s.authenticate(ss.Context(), authorizationOf(ss.Context()))
+	if err != nil {
 		return s.toStatus(ss.Context(), info.FullMethod, err)
 	}
-	return handler(srv, ss)
+	if p.admin {
+		return s.streamStatus(ss.Context(), info.FullMethod, handler(srv, ss))
+	}
+	if _, ok := permissionOf[info.FullMethod]; !ok || !info.IsServerStream || info.IsClientStream {
+		// Reflection and the like: for administrators (decide says why).
+		if err := s.authorize(ss.Context(), p, info.FullMethod, nil); err != nil {
+			return s.toStatus(ss.Context(), info.FullMethod, err)
+		}
+	}
+	// A server stream's one request is read by the handler: authorized as it arrives.
+	return s.streamStatus(ss.Context(), info.FullMethod, handler(srv, &authorizedStream{ServerStream: ss, check: func(req any) error {
+		return s.authorize(ss.Context(), p, info.FullMethod, req)
+	}}))
 }
 
-// authorize checks the call's token, except for grpc.health.v1: probes carry none, and
-// health says no more than /readyz without a token.
-func (s *Server) authorize(ctx context.Context, fullMethod string) error {
-	if isHealth(fullMethod) {
+// streamStatus maps a stream handler's error to its code, as unary does.
+func (s *Server) streamStatus(ctx context.Context, method string, err error) error {
+	if err == nil {
 		return nil
 	}
-	return s.auth.check(authorizationOf(ctx))
+	return s.toStatus(ctx, method, err)
+}
+
+// authorizedStream authorizes the request of a server-streaming call when the handler reads it.
+type authorizedStream struct {
+	grpc.ServerStream
+	check func(req any) error
+}
+
+func (a *authorizedStream) RecvMsg(m any) error {
+	if err := a.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return a.check(m)
 }
 
 // isHealth says whether fullMethod is grpc.health.v1's, which needs no token.

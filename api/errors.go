@@ -25,6 +25,9 @@ var (
 	ErrStale = errors.New("stale etag")
 	// ErrUnauthenticated marks a call without a valid bearer token (401 / UNAUTHENTICATED).
 	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied marks a call the caller's token may not make (403 /
+	// PERMISSION_DENIED): a client token outside its own client (authz.go).
+	ErrPermissionDenied = errors.New("permission denied")
 	// ErrUnimplemented marks a call whose implementation is not there yet (501 / UNIMPLEMENTED).
 	ErrUnimplemented = errors.New("not implemented")
 )
@@ -121,6 +124,8 @@ func statusOf(err error) (st *status.Status, internal bool) {
 		return status.New(codes.AlreadyExists, err.Error()), false
 	case errors.Is(err, ErrUnauthenticated):
 		return status.New(codes.Unauthenticated, err.Error()), false
+	case errors.Is(err, ErrPermissionDenied):
+		return status.New(codes.PermissionDenied, err.Error()), false
 	case errors.Is(err, ErrUnimplemented):
 		return status.New(codes.Unimplemented, err.Error()), false
 	case errors.Is(err, context.Canceled):

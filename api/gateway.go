@@ -29,8 +29,8 @@ const maxBodyBytes = 1 << 20
 // newGateway is the REST API: JSON with the proto field names (lower_snake_case), enums by
 // name, zero values shown (data 0 is a state, not an absence), unknown fields refused, and
 // errors as {code, message, details} with the HTTP status of httpStatus. Every request is
-// authenticated (auth.check, the interceptor's check) before its body is read.
-func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error) {
+// authenticated (authn: Server.authenticate, the interceptor's check) before its body is read.
+func newGateway(conn *grpc.ClientConn, authn func(ctx context.Context, authorization string) error) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &fieldNamingJSON{runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true},
@@ -39,6 +39,7 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithForwardResponseOption(etagHeader),
+		runtime.WithForwardResponseOption(watchOpened),
 	)
 	ctx := context.Background() // only kept by the handlers for cancellation; they have none
 	for _, reg := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
@@ -52,6 +53,8 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		locksv1.RegisterWebhookControlServiceHandler,
 		locksv1.RegisterOverviewServiceHandler,
 		locksv1.RegisterAlertServiceHandler,
+		locksv1.RegisterClientTokenServiceHandler,
+		locksv1.RegisterClientEventServiceHandler,
 	} {
 		if err := reg(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("api: register gateway handler: %w", err)
@@ -61,7 +64,7 @@ func newGateway(conn *grpc.ClientConn, auth *authenticator) (http.Handler, error
 		// The gateway decodes the body before it calls the gRPC server, whose interceptor
 		// authenticates: so without this, anyone could make the process read and parse up to
 		// maxBodyBytes, and a malformed body got a 400 describing it instead of a 401.
-		if err := auth.check(r.Header.Get("Authorization")); err != nil {
+		if err := authn(r.Context(), r.Header.Get("Authorization")); err != nil {
 			_, out := runtime.MarshalerForRequest(mux, r)
 			st, _ := statusOf(err)
 			runtime.HTTPError(r.Context(), mux, out, w, r, st.Err())
@@ -141,6 +144,26 @@ func (w authHeaderWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// watchOpened answers 200 as soon as an event watch is open (the server sends the header
+// watchOpenHeader once the call is authorized and the client found), rather than with its
+// first event, which may be a long time coming. A refused watch sends no header and gets the
+// error's status.
+func watchOpened(ctx context.Context, w http.ResponseWriter, resp proto.Message) error {
+	if resp != nil {
+		return nil
+	}
+	md, ok := runtime.ServerMetadataFromContext(ctx)
+	if !ok || len(md.HeaderMD.Get(watchOpenHeader)) == 0 {
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
 // etagHeader sets ETag on a REST answer that is one resource.
 func etagHeader(_ context.Context, w http.ResponseWriter, resp proto.Message) error {
 	var body any = resp
@@ -161,6 +184,23 @@ func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
 // fieldNamingJSON is the gateway's JSON marshaler, with errors that name the field of the
 // body that could not be read (protojson only gives a line and column).
 type fieldNamingJSON struct{ runtime.JSONPb }
+
+// Marshal is JSONPb's, but for an event feed page, whose events are shown as the JSON
+// objects they are (feedJSON).
+func (m *fieldNamingJSON) Marshal(v any) ([]byte, error) {
+	switch r := v.(type) {
+	case *locksv1.ListClientEventsResponse:
+		return feedJSON(r)
+	case map[string]any: // a chunk of a stream: {"result": message}
+		if it, ok := r["result"].(*locksv1.WatchClientEventsResponse); ok && len(r) == 1 {
+			return watchJSON(it)
+		}
+	}
+	return m.JSONPb.Marshal(v)
+}
+
+// StreamContentType is that of a stream's answer: newline-delimited JSON (the event watch).
+func (m *fieldNamingJSON) StreamContentType(any) string { return "application/x-ndjson" }
 
 // NewDecoder reads the whole body (bounded by maxBodyBytes) and decodes it at once.
 func (m *fieldNamingJSON) NewDecoder(r io.Reader) runtime.Decoder {

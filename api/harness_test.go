@@ -58,6 +58,9 @@ type envOpt func(*Config, *Deps)
 func withTokens(tokens ...string) envOpt { return func(c *Config, _ *Deps) { c.Tokens = tokens } }
 func withPrivateWebhooks() envOpt        { return func(c *Config, _ *Deps) { c.WebhookAllowPrivate = true } }
 
+// sharedDB serves from another env's database, as a second API instance would.
+func sharedDB(db *pgxpool.Pool) envOpt { return func(_ *Config, d *Deps) { d.PG = db } }
+
 // withHistory serves the history calls from a fresh ClickHouse database of the test.
 func withHistory(t testing.TB, ch *driver.Conn) envOpt {
 	_, conn := testenv.ClickHouse(t)
@@ -86,6 +89,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	for _, o := range opts {
 		o(&cfg, &deps)
 	}
+	db = deps.PG.(*pgxpool.Pool) // sharedDB may have changed it
 	srv, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)

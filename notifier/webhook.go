@@ -1,7 +1,6 @@
 package notifier
 
 import (
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
@@ -12,30 +11,10 @@ import (
 // The webhook of docs/contract.md section 2: a JSON body (Body) and the Standard Webhooks
 // headers (Headers), signed by sign.go and posted by sender.go.
 
-// webhookBody is the JSON body, fields in the documented order.
-type webhookBody struct {
-	ID           string        `json:"id"`
-	Type         string        `json:"type"`
-	OccurredAt   string        `json:"occurred_at"`
-	Sensor       webhookSensor `json:"sensor"`
-	Data         uint8         `json:"data"`
-	PreviousData *uint8        `json:"previous_data"`
-	Revision     int64         `json:"revision"`
-}
-
-type webhookSensor struct {
-	ID      string `json:"id"`
-	Address string `json:"address"`
-}
-
-// Body is the webhook body of e for a sensor at address.
+// Body is the webhook body of e for a sensor at address (event.WebhookBody, which the API's
+// event feed serves too).
 func Body(e event.Event, address string) ([]byte, error) {
-	return json.Marshal(webhookBody{
-		ID: e.ID, Type: "sensor." + e.Type,
-		OccurredAt: e.OccurredAt.UTC().Format("2006-01-02T15:04:05.000Z07:00"),
-		Sensor:     webhookSensor{ID: e.SensorID, Address: address},
-		Data:       e.Data, PreviousData: e.PreviousData, Revision: e.Revision,
-	})
+	return event.WebhookBody(e, address)
 }
 
 // Secrets are a client's signing secrets as read at claim time: during a rotation the

@@ -24,6 +24,8 @@ var apiServiceChecks = map[string][]string{
 	locksv1.HistoryService_ServiceDesc.ServiceName:        {"clickhouse"},
 	locksv1.ProjectionService_ServiceDesc.ServiceName:     {"postgres", "clickhouse", "nats"},
 	locksv1.SetAsideService_ServiceDesc.ServiceName:       {"nats"},
+	locksv1.ClientTokenService_ServiceDesc.ServiceName:    {"postgres"},
+	locksv1.ClientEventService_ServiceDesc.ServiceName:    {"postgres"},
 }
 
 // newHealth is the gRPC port's health service, read from the ops server's cached readiness
