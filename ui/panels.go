@@ -82,7 +82,10 @@ func (u *UI) panel(w http.ResponseWriter, r *http.Request, ses session) {
 	if name == "lost" && q != "" {
 		shared, err = load(ctx) // a search: its own query, as the operator types it
 	} else {
-		shared, err = u.panels.get(ctx, name, u.cfg.Refresh, load)
+		// Half a refresh: a tab sees data at most one and a half refreshes old (a lost
+		// sensor shows within lost_after plus that), and a panel is still read at most twice
+		// a refresh whatever the number of tabs.
+		shared, err = u.panels.get(ctx, name, u.cfg.Refresh/2, load)
 	}
 	data := maps.Clone(shared)
 	if data == nil {
