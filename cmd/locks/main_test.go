@@ -202,10 +202,16 @@ func TestRunBecomesReadyAndStopsOnSignal(t *testing.T) {
 	if _, err := locksv1.NewSensorServiceClient(conn).ListSensors(t.Context(), &locksv1.ListSensorsRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("ListSensors without a token: %v, want UNAUTHENTICATED", err)
 	}
-	pub := locksCmd(t, []string{"LOCKS_AMQP_URL=" + rabbit.URL, "LOCKS_AMQP_QUEUE=" + rabbit.Queue}, "publish", "door7", "1")
-	if out, err := pub.CombinedOutput(); err != nil {
-		t.Fatalf("locks publish: %v\n%s", err, out)
-	}
+	// Ready does not wait for the bridge's first session, which declares the queue: until
+	// then locks publish rightly refuses (NO_ROUTE), so it is tried again for a while.
+	testenv.Eventually(t, 10*time.Second, "locks publish to the bridge's queue", func() bool {
+		pub := locksCmd(t, []string{"LOCKS_AMQP_URL=" + rabbit.URL, "LOCKS_AMQP_QUEUE=" + rabbit.Queue}, "publish", "door7", "1")
+		out, perr := pub.CombinedOutput()
+		if perr != nil {
+			t.Logf("locks publish: %v: %s", perr, out)
+		}
+		return perr == nil
+	})
 	var appendSpan string
 	testenv.Eventually(t, 10*time.Second, "the reading's bridge.append span at the OTLP receiver", func() bool {
 		for _, s := range otlp.Named("bridge.append") {
