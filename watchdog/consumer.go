@@ -110,14 +110,7 @@ func (w *Watchdog) consumeWith(ctx context.Context, spec logread.Spec, ps *partS
 		close(acks)
 		<-ackDone
 	}()
-	spec.Resume = func(ctx context.Context) (uint64, error) {
-		for done.Load() < handed.Load() {
-			if !backoff.Sleep(ctx, time.Millisecond) {
-				return 0, ctx.Err()
-			}
-		}
-		return 0, nil // right after the last message handed out
-	}
+	spec.Resume = logread.AfterDrained(&handed, &done)
 	r, err := logread.Open(ctx, w.js, spec)
 	if err != nil {
 		return fmt.Errorf("open READINGS consumer: %w", err)

@@ -189,15 +189,8 @@ func (h *Projector) consumePartition(ctx, sinkCtx context.Context, src *source, 
 	spec := logread.Spec{
 		Stream: src.stream, Filter: src.filter, Durable: src.durable, Description: cfg.Description,
 		AckPolicy: cfg.AckPolicy, AckWait: cfg.AckWait, MaxAckPending: cfg.MaxAckPending,
-		Resume: func(ctx context.Context) (uint64, error) {
-			for src.done.Load() < src.handed.Load() {
-				if !backoff.Sleep(ctx, 5*time.Millisecond) {
-					return 0, ctx.Err()
-				}
-			}
-			return 0, nil // right after the last message handed out
-		},
-		OnGap: h.gaps.OnGap(src.durable),
+		Resume: logread.AfterDrained(&src.handed, &src.done),
+		OnGap:  h.gaps.OnGap(src.durable),
 	}
 	retry := backoff.New(100*time.Millisecond, time.Second)
 	var r *logread.Reader
