@@ -91,6 +91,9 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 		return it
 	}
 	b.skew.observe(r)
+	if !r.Time.Equal(r.ReceivedTime) { // the sensor sent a ts
+		b.m.sensorStage.Between(r.Time, r.ReceivedTime)
+	}
 	id := MessageID(d)
 	origin := sess.id + "/" + strconv.FormatUint(d.DeliveryTag, 10)
 	body, err := event.MarshalLog(event.Log{

@@ -21,6 +21,8 @@ type claimed struct {
 	attemptBase int
 	// traceparent is the event's (its reading's) trace context, when it was traced.
 	traceparent string
+	// due is when the row became due (its next_at): a first attempt's is its delivery's commit.
+	due time.Time
 	// leasedAt is this process's time just before the claim: the lease ends after it.
 	leasedAt time.Time
 	// From the registry at claim time; url is empty when the client no longer exists.
@@ -158,9 +160,9 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			WITH c AS (
 				UPDATE notifier_deliveries d SET lease_until = now() + $3 * interval '1 microsecond', lease_token = $4
 				WHERE `+byTID+` AND `+pendingTarget+` AND `+eligibleTarget+`
-				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base, d.traceparent
+				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base, d.traceparent, d.next_at
 			)
-			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base, coalesce(c.traceparent, ''),
+			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base, coalesce(c.traceparent, ''), c.next_at,
 			       coalesce(cl.webhook_url, ''), coalesce(cl.signing_secret, ''), coalesce(cl.previous_secret, ''),
 			       coalesce(cl.previous_secret_until, 'epoch'::timestamptz), coalesce(s.address, ''),
 			       sub.client_id IS NOT NULL OR c.sensor_id = '`+testSensorID+`'
@@ -176,7 +178,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		for rows.Next() {
 			c := claimed{token: token, leasedAt: leasedAt}
 			if err := rows.Scan(&c.id, &c.eventID, &c.clientID, &c.sensorID, &c.revision, &c.payload, &c.attempts,
-				&c.attemptBase, &c.traceparent, &c.url, &c.secrets.Current, &c.secrets.Previous, &c.secrets.PreviousUntil, &c.address, &c.subscribed); err != nil {
+				&c.attemptBase, &c.traceparent, &c.due, &c.url, &c.secrets.Current, &c.secrets.Previous, &c.secrets.PreviousUntil, &c.address, &c.subscribed); err != nil {
 				return err
 			}
 			out = append(out, c)

@@ -129,7 +129,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 		return err
 	}
 	crashpoint.Hit(CrashAfterIngestCommit)
+	committed := time.Now()
 	for _, m := range ok {
+		if md, err := m.Metadata(); err == nil {
+			n.m.intake.Between(md.Timestamp, committed)
+		}
 		if err := m.Ack(); err != nil {
 			// Redelivered later and skipped by (event_id, client_id): harmless.
 			n.log.Debug("ack EVENTS message", "err", err)

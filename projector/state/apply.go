@@ -144,7 +144,13 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
 		cache.clear()
 	}
-	s.m.commit.Observe(time.Since(start).Seconds())
+	committed := time.Now()
+	s.m.commit.Observe(committed.Sub(start).Seconds())
+	if b.skipped == 0 {
+		for _, it := range items {
+			s.m.stage.Between(it.log.ReceivedTime, committed)
+		}
+	}
 	s.m.batch.Observe(float64(len(msgs)))
 	s.m.applied.Add(float64(b.applied))
 	if b.skipped > 0 {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 )
 
 type metrics struct {
@@ -15,6 +17,8 @@ type metrics struct {
 	lag     *prometheus.GaugeVec
 	// lagSeconds is how long the newest message fetched had been in READINGS.
 	lagSeconds *prometheus.GaugeVec
+	// stage is this part's hop of locks_stage_seconds: received → committed.
+	stage stage.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,5 +43,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, fmt.Errorf("state projector metrics: %w", err)
 		}
 	}
-	return m, nil
+	var err error
+	m.stage, err = stage.New(reg, stage.State)
+	return m, err
 }

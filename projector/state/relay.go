@@ -18,6 +18,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/outbox"
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 	"github.com/lock-sensors/lock-sensors/internal/staterev"
 )
 
@@ -42,6 +43,7 @@ type Relay struct {
 
 	published prometheus.Counter
 	latency   prometheus.Histogram
+	stage     stage.Observer
 }
 
 func newRelay(cfg Config, d Deps) (*Relay, error) {
@@ -56,6 +58,10 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 		if err := d.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("relay metrics: %w", err)
 		}
+	}
+	var err error
+	if r.stage, err = stage.New(d.Registerer, stage.Relay); err != nil {
+		return nil, err
 	}
 	for _, p := range cfg.candidates() {
 		or, err := outbox.New(outbox.Config{
@@ -102,6 +108,7 @@ func (r *Relay) wake(p int) {
 func (r *Relay) observe(rows []outbox.Row) {
 	for _, o := range rows {
 		r.latency.Observe(time.Since(o.Created).Seconds())
+		r.stage.Since(o.Created)
 	}
 	r.published.Add(float64(len(rows)))
 	crashpoint.Hit(CrashRelayAfterPublish)
