@@ -114,15 +114,17 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 		}
 	}
 	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
-		// First, so that a claim by another process waits for this transaction or fences it.
-		if err := lease.Check(ctx, tx, Name, p, epoch); err != nil {
-			return err
+		// The fence first, so that a claim by another process waits for this transaction or
+		// fences it; in the INSERT's round trip.
+		f := fence{
+			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, p) },
+			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, p, epoch) },
 		}
-		var err error
-		created, recs, late, err = insertDeliveries(ctx, tx, evs, payloads, tps)
+		ins, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
 		if err != nil {
 			return err
 		}
+		created, recs, late = ins.created, rs, lt
 		return writeOutbox(ctx, tx, recs)
 	})
 	if err != nil {

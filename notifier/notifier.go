@@ -17,10 +17,10 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
-	"github.com/lock-sensors/lock-sensors/internal/stage"
 	"github.com/lock-sensors/lock-sensors/internal/outbox"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 )
 
 // Crash points, for tests that kill the notifier at its worst moments.
