@@ -15,6 +15,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
@@ -113,7 +114,7 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 			tps[i] = m.Headers().Get(tracing.Traceparent)
 		}
 	}
-	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
+	err = pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
 		// The fence first, so that a claim by another process waits for this transaction or
 		// fences it; in the INSERT's round trip.
 		f := fence{
@@ -125,7 +126,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 			return err
 		}
 		created, recs, late = ins.created, rs, lt
-		return writeOutbox(ctx, tx, recs)
+		w := &pgx.Batch{}
+		if err := queueOutbox(w, recs); err != nil {
+			return err
+		}
+		return tx.Commit(ctx, w, nil)
 	})
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 )
 
 // DB is what the notifier needs of Postgres (a *pgxpool.Pool is one).
@@ -61,9 +62,9 @@ const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
 // created superseded because the client already had a newer revision of the sensor, which
 // the in-order intake never lets happen: an error for the caller to report.
 // tps, when not nil, are the events' traceparents, kept on their deliveries. The statements
-// go out after those f queues, in the same round trip, and leave the transaction with
-// generic plans and sequential scans off (the caller sets what its next statements need).
-func insertDeliveries(ctx context.Context, tx pgx.Tx, f fence, evs []event.Event, payloads [][]byte, tps []string) (ins inserted, recs []event.Attempt, late int, err error) {
+// go out after those f queues, in the transaction's first round trip, and leave it with
+// generic plans and sequential scans off.
+func insertDeliveries(ctx context.Context, tx *pgtx.Tx, f fence, evs []event.Event, payloads [][]byte, tps []string) (ins inserted, recs []event.Attempt, late int, err error) {
 	// Generic plans for these statements, with sequential scans off as for finish's: they
 	// probe key by key (LATERAL subqueries kept apart with OFFSET 0), a plan that does not
 	// depend on the arguments, but the planner, costing each call afresh, planned the INSERT
@@ -76,19 +77,17 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, f fence, evs []event.Event
 	}
 	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
 	queueInsert(b, evs, payloads, tps)
-	br := tx.SendBatch(ctx, b)
-	ins, recs, err = readInsert(br, f)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("insert deliveries: %w", cerr)
-	}
-	if err != nil {
+	if err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
+		ins, recs, err = readInsert(br, f)
+		return err
+	}); err != nil {
 		return ins, nil, 0, err
 	}
 	late = len(recs)
 	if len(ins.keyClients) == 0 {
 		return ins, recs, late, nil
 	}
-	more, err := supersede(ctx, tx, ins.keyClients, ins.keySensors)
+	more, err := supersede(ctx, tx.Conn(), ins.keyClients, ins.keySensors)
 	return ins, append(recs, more...), late, err
 }
 
@@ -194,7 +193,7 @@ func readInsert(br pgx.BatchResults, f fence) (ins inserted, recs []event.Attemp
 // (they wait for a retry). A row whose attempt is in flight is flagged instead and superseded
 // when that attempt ends, unless it was delivered: flag and outcome are both UPDATEs of the
 // row, so they serialise on its lock and whichever commits second sees the other.
-func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]event.Attempt, error) {
+func supersede(ctx context.Context, tx querier, clients, sensors []string) ([]event.Attempt, error) {
 	cond := `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
@@ -258,6 +257,18 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 
 // writeOutbox queues attempt records in tx for the relay to DELIVERIES.
 func writeOutbox(ctx context.Context, tx pgx.Tx, recs []event.Attempt) error {
+	b := &pgx.Batch{}
+	if err := queueOutbox(b, recs); err != nil || b.Len() == 0 {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write attempt outbox: %w", err)
+	}
+	return nil
+}
+
+// queueOutbox queues writeOutbox's INSERT, when there are records.
+func queueOutbox(b *pgx.Batch, recs []event.Attempt) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -265,16 +276,13 @@ func writeOutbox(ctx context.Context, tx pgx.Tx, recs []event.Attempt) error {
 	msgIDs := make([]string, len(recs))
 	payloads := make([][]byte, len(recs))
 	for i, a := range recs {
-		b, err := json.Marshal(a)
+		p, err := json.Marshal(a)
 		if err != nil {
 			return fmt.Errorf("encode attempt: %w", err)
 		}
-		clients[i], msgIDs[i], payloads[i] = a.ClientID, event.AttemptMsgID(a), b
+		clients[i], msgIDs[i], payloads[i] = a.ClientID, event.AttemptMsgID(a), p
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO notifier_attempt_outbox (client_id, msg_id, payload)
+	b.Queue(`INSERT INTO notifier_attempt_outbox (client_id, msg_id, payload)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])`, clients, msgIDs, payloads)
-	if err != nil {
-		return fmt.Errorf("write attempt outbox: %w", err)
-	}
 	return nil
 }
