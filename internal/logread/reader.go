@@ -191,6 +191,13 @@ const (
 	durableOpenTimeout = 5 * time.Second
 )
 
+// infoTimeout bounds the idle check of a consumer's state, which a healthy server answers in
+// milliseconds; a pull that asks not to wait and takes noWaitUnanswered got no answer.
+const (
+	infoTimeout      = time.Second
+	noWaitUnanswered = 900 * time.Millisecond
+)
+
 // Pending is the number of messages after the last one returned, as the consumer was
 // created (exact then; md.NumPending of each message keeps it current).
 func (r *Reader) Pending() uint64 {
@@ -259,8 +266,13 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 			return nil, false, err
 		}
 	}
+	asked := time.Now()
 	msgs, err := Drain(r.cons.FetchNoWait(n))
-	if err == nil && len(msgs) == 0 && wait > 0 {
+	// The server answers a pull that asks not to wait at once, if only to say there is
+	// nothing; nats.go ends one that got no answer after a second, as if empty. No answer
+	// means a consumer without a leader (or an answer lost): read again from a new one.
+	unanswered := err == nil && len(msgs) == 0 && time.Since(asked) >= noWaitUnanswered
+	if err == nil && len(msgs) == 0 && wait > 0 && !unanswered {
 		fctx, cancel := context.WithTimeout(ctx, wait)
 		msgs, err = Drain(r.cons.Fetch(1, jetstream.FetchContext(fctx)))
 		cancel()
@@ -271,6 +283,9 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	}
 	out := msgs[:0]
 	reason := ""
+	if unanswered {
+		reason = "the consumer did not answer a pull (no leader?)"
+	}
 	for _, m := range msgs {
 		md, merr := m.Metadata()
 		switch {
@@ -301,11 +316,18 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	if err == nil && reason == "" && len(msgs) == 0 && wait > 0 {
 		// Idle. A message lost at the tail has no successor to show the gap: the consumer's
 		// count of deliveries does.
-		info, ierr := r.cons.Info(ctx)
+		// Bounded: a consumer whose leader went down with a NATS node answers nothing until
+		// it has a new one (seconds to minutes), and waiting the API's default 5 s for it
+		// held the part that long; a new consumer reads at once.
+		ictx, icancel := context.WithTimeout(ctx, infoTimeout)
+		info, ierr := r.cons.Info(ictx)
+		icancel()
 		r.idle = info
 		switch {
 		case errors.Is(ierr, jetstream.ErrConsumerNotFound):
 			reason = "consumer gone"
+		case ierr != nil && ctx.Err() == nil && (errors.Is(ierr, context.DeadlineExceeded) || errors.Is(ierr, nats.ErrTimeout)):
+			reason = "the consumer did not answer within " + infoTimeout.String() + " (no leader?)"
 		case ierr != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
 			reason = "the NATS connection was lost"
 		case ierr != nil:
