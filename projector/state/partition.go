@@ -72,15 +72,11 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 		if err == nil {
 			crashpoint.Hit(CrashAfterCommit)
 			s.nudge(p)
-			// AckAll: the last message acks the batch, and the run holds no gap. A lost ack
-			// reply (NATS restarting) must not hold the partition: the checkpoint makes a
-			// missing ack harmless.
-			ackCtx, ackCancel := context.WithTimeout(actx, 5*time.Second)
-			ackCtx, lostCancel := natsx.UntilLost(ackCtx, s.js.Conn())
-			aerr := msgs[len(msgs)-1].DoubleAck(ackCtx)
-			lostCancel()
-			ackCancel()
-			if aerr != nil {
+			// AckAll: the last message acks the batch, and the run holds no gap. Not waited
+			// for: the server takes it before this connection's next pull, and a lost one
+			// (NATS restarting) only comes back as a redelivery, which makes the reader resume
+			// from the checkpoint, as does the lost connection itself.
+			if aerr := msgs[len(msgs)-1].Ack(); aerr != nil {
 				w.log.Debug("ack batch; the consumer will be recreated from the checkpoint", "err", aerr)
 				w.r.Reopen()
 			}
