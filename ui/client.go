@@ -49,7 +49,7 @@ func (u *UI) clientPage(w http.ResponseWriter, r *http.Request, ses session) {
 	if err != nil {
 		data["Error"] = errText(err)
 	}
-	data["Client"] = c
+	data["Client"] = c.GetClient()
 	u.render(w, http.StatusOK, "client.html", data)
 }
 
