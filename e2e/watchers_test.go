@@ -27,7 +27,7 @@ import (
 
 // BenchmarkWatchersEndToEnd is issue 27's watch figure on the whole pipeline: one `locks run
 // --targets=all`, LOCKS_BENCH_WATCHERS clients (default 1000), each with a webhook endpoint,
-// one sensor and a gRPC WatchClientEvents stream open on the API; readings published to
+// one sensor and a gRPC WatchClientEvents stream open on the API (50 streams a connection); readings published to
 // RabbitMQ at LOCKS_BENCH_RATE (default 1000/s) for LOCKS_BENCH_DURATION (default 10 s), each
 // a state change of its sensor, spread over the sensors. It reports, from each reading's
 // publish (the state change's cause; the state change itself is later) to its event's arrival,
@@ -101,9 +101,10 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	// The watchers: one gRPC stream per client over 8 connections.
+	// The watchers: one gRPC stream per client, 50 per connection (the server allows
+	// api.MaxConcurrentStreams on one).
 	var conns []*grpc.ClientConn
-	for range 8 {
+	for range (watchers + 49) / 50 {
 		c, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			b.Fatal(err)
