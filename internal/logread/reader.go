@@ -66,7 +66,10 @@ type Reader struct {
 	cons  jetstream.Consumer
 	cseq  uint64 // the consumer sequence of the last message returned
 	stale bool   // the run broke: recreate before the next fetch
-	idle  *jetstream.ConsumerInfo
+	// lost: the connection was lost during a fetch; the next one checks the consumer first
+	// (checkLoss) and keeps it when nothing went astray.
+	lost bool
+	idle *jetstream.ConsumerInfo
 }
 
 // New opens stream (filtered by filter, "" for all) at sequence start (0 or 1: the
@@ -164,7 +167,7 @@ func (r *Reader) open(ctx context.Context) error {
 		cons, err = r.js.CreateConsumer(actx, r.spec.Stream, cfg)
 		cancel()
 		if err == nil {
-			r.cons, r.cseq, r.next, r.stale = cons, 0, start, false
+			r.cons, r.cseq, r.next, r.stale, r.lost = cons, 0, start, false, false
 			return nil
 		}
 		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
@@ -261,6 +264,15 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	// Requests end with the connection they went out on: their answers would never come.
 	ctx, cancel := natsx.UntilLost(pctx, r.js.Conn())
 	defer cancel()
+	if r.cons != nil && !r.stale && r.lost {
+		r.lost = false
+		if reason := r.checkLoss(ctx); reason != "" {
+			r.stale = true
+			if r.spec.OnGap != nil {
+				r.spec.OnGap(reason)
+			}
+		}
+	}
 	if r.cons == nil || r.stale {
 		if err := r.open(ctx); err != nil {
 			return nil, false, err
@@ -304,7 +316,7 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	}
 	switch {
 	case err != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
-		reason, err = "the NATS connection was lost", nil
+		r.lost, err = true, nil
 	case err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil,
 		err != nil && strings.Contains(err.Error(), "MaxAckPending"):
 		// Nothing more now: the wait ran out, or the part holds as many as it may.
@@ -329,7 +341,7 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		case ierr != nil && ctx.Err() == nil && (errors.Is(ierr, context.DeadlineExceeded) || errors.Is(ierr, nats.ErrTimeout)):
 			reason = "the consumer did not answer within " + infoTimeout.String() + " (no leader?)"
 		case ierr != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
-			reason = "the NATS connection was lost"
+			r.lost = true
 		case ierr != nil:
 			err = ierr
 		case info.Delivered.Consumer > r.cseq:
@@ -348,6 +360,23 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		return out, gap, fmt.Errorf("read %s: %w", r.spec.Stream, err)
 	}
 	return out, gap, nil
+}
+
+// checkLoss asks the consumer, after the connection was lost during a fetch, whether it
+// delivered anything that did not arrive, and returns why the run broke, or "" to read on
+// from it. Reading on needs only the consumer's leader; a new consumer needs the cluster's
+// meta leader too, which may be the very node that went down.
+func (r *Reader) checkLoss(ctx context.Context) string {
+	ictx, cancel := context.WithTimeout(ctx, infoTimeout)
+	info, err := r.cons.Info(ictx)
+	cancel()
+	switch {
+	case err != nil:
+		return "the NATS connection was lost, and the consumer did not answer after: " + err.Error()
+	case info.Delivered.Consumer != r.cseq:
+		return fmt.Sprintf("the NATS connection was lost with %d deliveries in flight", info.Delivered.Consumer-r.cseq)
+	}
+	return ""
 }
 
 // Drain collects a fetched batch; the end of the messages (ErrNoMessages) is no error.

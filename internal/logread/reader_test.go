@@ -255,3 +255,62 @@ func TestReaderRecreatesAfterAnUnansweredPull(t *testing.T) {
 		t.Fatalf("after the recreation: %d messages, %v; want the one published", len(msgs), err)
 	}
 }
+
+// A connection lost while the reader waits for a pull loses nothing when the consumer had
+// nothing to deliver: the reader reads on from the same consumer, which needs no meta leader
+// (recreating it would), and only recreates it when a delivery went astray.
+func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(i int) {
+		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	var gaps []string
+	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
+		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
+		OnGap: func(reason string) { gaps = append(gaps, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := r.Consumer().CachedInfo().Created
+	var got []uint64
+	read := func(wait time.Duration) {
+		msgs, err := r.Fetch(t.Context(), 10, wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			md, _ := m.Metadata()
+			got = append(got, md.Sequence.Stream)
+			_ = m.Ack()
+		}
+	}
+	publish(0)
+	read(200 * time.Millisecond)
+	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	read(3 * time.Second) // waiting when the connection goes
+	publish(1)
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); {
+		read(500 * time.Millisecond)
+	}
+	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("sequences %v, want [1 2]", got)
+	}
+	if len(gaps) != 0 {
+		t.Fatalf("broken runs reported %q, want none: nothing was in flight", gaps)
+	}
+	info, err := r.Consumer().Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Created.Equal(created) {
+		t.Fatalf("the consumer was recreated (%v, first %v): it needed the meta leader for nothing", info.Created, created)
+	}
+}
