@@ -97,7 +97,7 @@ type sensors struct {
 
 func newSensors(cfg Config, pg *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*sensors, error) {
 	s := &sensors{pg: pg, log: log, max: max(cfg.UnregisteredMax, 0), accept: !cfg.RefuseUnregistered, budget: cfg.LookupsPerSecond,
-		period: cfg.RegistryRefresh,
+		period:     cfg.RegistryRefresh,
 		registered: map[string]struct{}{}, unreg: map[string]struct{}{}, checked: map[string]struct{}{},
 		mTracked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "locks_unregistered_tracked",
