@@ -53,9 +53,14 @@ func decideTracking(known, accept bool, places int) tracking {
 // registered while LOCKS_ACCEPT_UNREGISTERED is false.
 const ReasonUnregistered = "unregistered"
 
-// maxChecked bounds the ids remembered as looked up and found unregistered until the next
-// refresh; beyond it the memory is emptied (only lookups are repeated, within their budget).
+// maxChecked bounds the ids remembered as looked up and found unregistered; beyond it the
+// memory is emptied (only lookups are repeated, within their budget).
 const maxChecked = 10_000
+
+// recheckAfter is how long a sensor found unregistered is not looked up again: a flood of one
+// id does not spend the budget others need, and a sensor registered meanwhile is tracked
+// from its first reading this long after (or after the next refresh, if sooner).
+const recheckAfter = 5 * time.Second
 
 // lookupTimeout bounds one registry lookup of an unknown sensor.
 const lookupTimeout = 2 * time.Second
@@ -79,8 +84,8 @@ type sensors struct {
 	// unreg are the unregistered sensors tracked: those with a sensor_state row at load, and
 	// those decided trackNew since.
 	unreg map[string]struct{}
-	// checked are ids looked up since the last refresh and found unregistered.
-	checked map[string]struct{}
+	// checked are ids looked up and found unregistered, with when.
+	checked map[string]time.Time
 	// window and lookups count the lookups of the current second.
 	window  time.Time
 	lookups int
@@ -98,7 +103,7 @@ type sensors struct {
 func newSensors(cfg Config, pg *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*sensors, error) {
 	s := &sensors{pg: pg, log: log, max: max(cfg.UnregisteredMax, 0), accept: !cfg.RefuseUnregistered, budget: cfg.LookupsPerSecond,
 		period:     cfg.RegistryRefresh,
-		registered: map[string]struct{}{}, unreg: map[string]struct{}{}, checked: map[string]struct{}{},
+		registered: map[string]struct{}{}, unreg: map[string]struct{}{}, checked: map[string]time.Time{},
 		mTracked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "locks_unregistered_tracked",
 			Help: "Unregistered sensors tracked (state, liveness key), at most locks_unregistered_max.",
@@ -142,7 +147,7 @@ func (s *sensors) load(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.registered, s.unreg, s.checked = registered, unreg, map[string]struct{}{}
+	s.registered, s.unreg, s.checked = registered, unreg, map[string]time.Time{}
 	s.mTracked.Set(float64(len(unreg)))
 	if len(unreg) > s.max && s.accept {
 		s.log.Warn("more unregistered sensors have state than LOCKS_UNREGISTERED_MAX; they stay tracked, no new one is",
@@ -160,7 +165,7 @@ func (s *sensors) refresh(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.registered, s.checked = registered, map[string]struct{}{}
+	s.registered, s.checked = registered, map[string]time.Time{}
 	for id := range s.unreg {
 		if _, ok := registered[id]; ok {
 			delete(s.unreg, id)
@@ -197,8 +202,8 @@ func (s *sensors) decide(ctx context.Context, id string, now time.Time) (trackin
 	t := s.decideLocked(id)
 	ask := false
 	if t == trackNone || t == trackRefuse {
-		_, seen := s.checked[id]
-		ask = !seen && s.spend(now)
+		at, seen := s.checked[id]
+		ask = (!seen || now.Sub(at) >= recheckAfter) && s.spend(now)
 	}
 	s.mu.Unlock()
 	if ask {
@@ -219,7 +224,7 @@ func (s *sensors) decide(ctx context.Context, id string, now time.Time) (trackin
 			if len(s.checked) >= maxChecked {
 				clear(s.checked)
 			}
-			s.checked[id] = struct{}{}
+			s.checked[id] = now
 		}
 		s.mu.Unlock()
 	}
