@@ -20,8 +20,9 @@ import (
 // Issue 25, item 9: with LOCKS_UNREGISTERED_MAX=2, the first two unregistered sensors are
 // tracked and the next ones are not: their readings are in READINGS (marked untracked),
 // counted and logged once, but they get no sensor_state row and no liveness key, and the
-// watchdog keeps nothing for them; a registered sensor works as ever, and an untracked sensor
-// registered later is tracked from its next reading.
+// watchdog keeps nothing for them; a registered sensor works as ever, an untracked sensor
+// registered later is tracked from its next reading, and a rebuild of the state from the log
+// gives the same state.
 func TestUnregisteredSensorsBeyondTheBoundAreNotTracked(t *testing.T) {
 	t.Parallel()
 	const partitions = 4 // what start configures
@@ -144,6 +145,54 @@ func TestUnregisteredSensorsBeyondTheBoundAreNotTracked(t *testing.T) {
 	if n := s.metric("locks_unregistered_tracked"); n != 2 {
 		t.Fatalf("locks_unregistered_tracked = %v after un4 was registered, want still 2", n)
 	}
+
+	// A rebuild of the state from the log follows the same marks: the same sensors, the
+	// same revisions.
+	before := stateRevisions(t, s.pgURL)
+	if code := s.call("POST", "/v1/projections/state:rebuild", map[string]any{}, nil); code != 200 {
+		t.Fatalf("start the state rebuild: %d", code)
+	}
+	testenv.Eventually(t, 60*time.Second, "state rebuild done", func() bool {
+		var res struct {
+			Projections []struct {
+				Name    string `json:"name"`
+				Rebuild *struct {
+					Phase string `json:"phase"`
+					Error string `json:"error"`
+				} `json:"rebuild"`
+			} `json:"projections"`
+		}
+		s.call("GET", "/v1/projections", nil, &res)
+		for _, p := range res.Projections {
+			if p.Name == "state" && p.Rebuild != nil {
+				if p.Rebuild.Phase == "REBUILD_PHASE_FAILED" {
+					t.Fatalf("state rebuild failed: %s", p.Rebuild.Error)
+				}
+				return p.Rebuild.Phase == "REBUILD_PHASE_DONE"
+			}
+		}
+		return false
+	})
+	if after := stateRevisions(t, s.pgURL); after != before {
+		t.Fatalf("after the rebuild, sensor_state %s, want %s as before it", after, before)
+	}
+}
+
+// stateRevisions is every sensor_state row's sensor, data and revision.
+func stateRevisions(t *testing.T, pgURL string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var out string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(string_agg(sensor_id || ':' || data || ':' || revision, ' ' ORDER BY sensor_id), '') FROM sensor_state`).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // stateRows are the sensor ids of sensor_state, sorted.
