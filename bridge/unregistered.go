@@ -84,6 +84,8 @@ type sensors struct {
 	// unreg are the unregistered sensors tracked: those with a sensor_state row at load, and
 	// those decided trackNew since.
 	unreg map[string]struct{}
+	// since is the database's time of the last registry read.
+	since time.Time
 	// checked are ids looked up and found unregistered, with when.
 	checked map[string]time.Time
 	// window and lookups count the lookups of the current second.
@@ -132,7 +134,11 @@ func newSensors(cfg Config, pg *pgxpool.Pool, log *slog.Logger, reg prometheus.R
 func (s *sensors) load(ctx context.Context) error {
 	registered := make(map[string]struct{}, len(s.registered))
 	unreg := map[string]struct{}{}
+	var since time.Time
 	err := pgx.BeginTxFunc(ctx, s.pg, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&since); err != nil {
+			return err
+		}
 		if err := collectIDs(ctx, tx, `SELECT id FROM sensors`, registered); err != nil {
 			return err
 		}
@@ -147,7 +153,7 @@ func (s *sensors) load(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.registered, s.unreg, s.checked = registered, unreg, map[string]time.Time{}
+	s.registered, s.unreg, s.checked, s.since = registered, unreg, map[string]time.Time{}, since
 	s.mTracked.Set(float64(len(unreg)))
 	if len(unreg) > s.max && s.accept {
 		s.log.Warn("more unregistered sensors have state than LOCKS_UNREGISTERED_MAX; they stay tracked, no new one is",
@@ -156,20 +162,31 @@ func (s *sensors) load(ctx context.Context) error {
 	return nil
 }
 
-// refresh reads the registry again: a sensor registered since is tracked as registered and
-// gives its unregistered place back.
+// refreshSlack is how far back before the last read a refresh looks for registrations: a
+// sensor's created_at is its transaction's start, which may commit a little later.
+const refreshSlack = 5 * time.Minute
+
+// refresh reads the sensors registered since the last read (with refreshSlack): each is
+// tracked as registered from now on and gives its unregistered place back. A sensor deleted
+// stays known as registered until the next session's load: it keeps being tracked.
 func (s *sensors) refresh(ctx context.Context) error {
-	registered := map[string]struct{}{}
-	if err := collectIDs(ctx, s.pg, `SELECT id FROM sensors`, registered); err != nil {
+	var now time.Time
+	if err := s.pg.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return fmt.Errorf("refresh the sensor registry: %w", err)
+	}
+	s.mu.Lock()
+	since := s.since
+	s.mu.Unlock()
+	added := map[string]struct{}{}
+	if err := collectIDs(ctx, s.pg, `SELECT id FROM sensors WHERE created_at >= $1`, added, since.Add(-refreshSlack)); err != nil {
 		return fmt.Errorf("refresh the sensor registry: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.registered, s.checked = registered, map[string]time.Time{}
-	for id := range s.unreg {
-		if _, ok := registered[id]; ok {
-			delete(s.unreg, id)
-		}
+	s.since, s.checked = now, map[string]time.Time{}
+	for id := range added {
+		s.registered[id] = struct{}{}
+		delete(s.unreg, id)
 	}
 	s.mTracked.Set(float64(len(s.unreg)))
 	return nil
@@ -179,8 +196,8 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func collectIDs(ctx context.Context, q querier, sql string, into map[string]struct{}) error {
-	rows, err := q.Query(ctx, sql)
+func collectIDs(ctx context.Context, q querier, sql string, into map[string]struct{}, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}

@@ -96,6 +96,22 @@ func TestBridgeBoundsUnregisteredSensors(t *testing.T) {
 			t.Fatalf("after the restart, %s untracked %v", l.SensorID, l.Untracked)
 		}
 	}
+
+	// A tracked unregistered sensor that is registered gives its place back at the next
+	// refresh, and the next new sensor takes it.
+	stop = e.start(t, Config{UnregisteredMax: 2, RegistryRefresh: 100 * time.Millisecond})
+	defer func() { stop() }()
+	testenv.Eventually(t, 30*time.Second, "the places loaded", func() bool { return metricValue(e.bridge.sensors.mTracked) == 2 })
+	if _, err := e.pg.Exec(t.Context(), `INSERT INTO sensors (id, address) VALUES ('un1', 'found')`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "un1's place given back", func() bool { return metricValue(e.bridge.sensors.mTracked) == 1 })
+	e.publish(t, []amqp.Publishing{unregisteredReading("un6", 200)})
+	testenv.Eventually(t, time.Minute, "un6 appended", func() bool { return e.streamMsgs(t) == uint64(len(order)+3) })
+	logs, _ = e.readings(t)
+	if l := logs[len(logs)-1]; l.SensorID != "un6" || l.Untracked {
+		t.Fatalf("last reading %+v, want un6 tracked", l)
+	}
 }
 
 // LOCKS_ACCEPT_UNREGISTERED=false: a reading of a sensor that is not registered goes to the
