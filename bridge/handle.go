@@ -72,11 +72,7 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	if !r.Time.Equal(r.ReceivedTime) { // the sensor sent a ts
 		b.m.sensorStage.Between(r.Time, r.ReceivedTime)
 	}
-	t, err := b.sensors.decide(ctx, r.SensorID, now)
-	if err != nil {
-		it.pubErr = err
-		return it
-	}
+	t := b.sensors.decide(ctx, r.SensorID, now)
 	if t == trackRefuse {
 		return b.toInvalid(ctx, pub, d, it, ReasonUnregistered,
 			fmt.Sprintf("sensor_id %s is not registered, and LOCKS_ACCEPT_UNREGISTERED is false", r.SensorID))

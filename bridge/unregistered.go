@@ -62,8 +62,12 @@ const maxChecked = 10_000
 // from its first reading this long after (or after the next refresh, if sooner).
 const recheckAfter = 5 * time.Second
 
-// lookupTimeout bounds one registry lookup of an unknown sensor.
-const lookupTimeout = 2 * time.Second
+// lookupTimeout bounds one registry lookup of an unknown sensor, and lookupPause is how
+// long lookups stop after one failed: the delivery loop waits for a lookup.
+const (
+	lookupTimeout = 500 * time.Millisecond
+	lookupPause   = 10 * time.Second
+)
 
 // sensors is the bridge's view of the registry and of the unregistered sensors tracked: loaded
 // at the start of every session (so a bridge taking over starts from what the state projection
@@ -88,9 +92,13 @@ type sensors struct {
 	since time.Time
 	// checked are ids looked up and found unregistered, with when.
 	checked map[string]time.Time
-	// window and lookups count the lookups of the current second.
-	window  time.Time
-	lookups int
+	// window and lookups count the lookups of the current second; none before pausedUntil.
+	window      time.Time
+	lookups     int
+	pausedUntil time.Time
+	// lookupErrs counts the failed lookups since the last report, lookupErr the last one.
+	lookupErrs int
+	lookupErr  error
 	// untracked and refused count readings since the last report; sample is one of their ids.
 	untracked, refused int
 	sample             string
@@ -212,9 +220,11 @@ func collectIDs(ctx context.Context, q querier, sql string, into map[string]stru
 	return rows.Err()
 }
 
-// decide says what becomes of a reading of sensor id. An error (only when the answer is to
-// refuse and the registry could not be asked) fails the session: the reading is redelivered.
-func (s *sensors) decide(ctx context.Context, id string, now time.Time) (tracking, error) {
+// decide says what becomes of a reading of sensor id. It never fails: when the registry
+// cannot be asked, the sensor is taken as unregistered (its reading is untracked or refused,
+// and kept either way), lookups pause for lookupPause, and the failures are reported; a slow
+// or unreachable Postgres must not hold up the queue.
+func (s *sensors) decide(ctx context.Context, id string, now time.Time) tracking {
 	s.mu.Lock()
 	t := s.decideLocked(id)
 	ask := false
@@ -228,12 +238,12 @@ func (s *sensors) decide(ctx context.Context, id string, now time.Time) (trackin
 		var found bool
 		err := s.pg.QueryRow(lctx, `SELECT EXISTS (SELECT 1 FROM sensors WHERE id = $1)`, id).Scan(&found)
 		cancel()
-		if err != nil && t == trackRefuse {
-			return t, fmt.Errorf("look up sensor %s in the registry: %w", id, err)
-		}
 		s.mu.Lock()
 		switch {
 		case err != nil:
+			s.pausedUntil = now.Add(lookupPause)
+			s.lookupErrs++
+			s.lookupErr = err
 		case found:
 			s.registered[id] = struct{}{}
 			t = trackKnown
@@ -260,7 +270,7 @@ func (s *sensors) decide(ctx context.Context, id string, now time.Time) (trackin
 			s.report(now)
 		}
 	}
-	return t, nil
+	return t
 }
 
 // decideLocked applies decideTracking to what is known of id, and takes a place for a new one.
@@ -279,6 +289,9 @@ func (s *sensors) decideLocked(id string) tracking {
 
 // spend takes one lookup from the current second's budget.
 func (s *sensors) spend(now time.Time) bool {
+	if now.Before(s.pausedUntil) {
+		return false
+	}
 	if now.Sub(s.window) >= time.Second {
 		s.window, s.lookups = now, 0
 	}
@@ -293,12 +306,17 @@ func (s *sensors) spend(now time.Time) bool {
 // first at once, then one line per period at most, not one per reading, whatever a flood sends.
 func (s *sensors) report(now time.Time) {
 	s.mu.Lock()
-	if s.untracked+s.refused > 0 {
+	if s.untracked+s.refused+s.lookupErrs > 0 {
 		s.reported = now
 	}
 	untracked, refused, sample, tracked := s.untracked, s.refused, s.sample, len(s.unreg)
-	s.untracked, s.refused, s.sample = 0, 0, ""
+	lookupErrs, lookupErr := s.lookupErrs, s.lookupErr
+	s.untracked, s.refused, s.sample, s.lookupErrs, s.lookupErr = 0, 0, "", 0, nil
 	s.mu.Unlock()
+	if lookupErrs > 0 {
+		s.log.Warn("registry lookups failed; sensors not known to be registered were taken as unregistered meanwhile",
+			"failures", lookupErrs, "err", lookupErr)
+	}
 	if untracked > 0 {
 		s.log.Warn("readings of unregistered sensors beyond LOCKS_UNREGISTERED_MAX were recorded but not tracked",
 			"readings", untracked, "sensor_id", sample, "tracked_unregistered", tracked, "max", s.max)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
@@ -165,4 +166,36 @@ func TestBridgeRefusesUnregisteredSensors(t *testing.T) {
 	if n := metricValue(e.bridge.sensors.mTracked); n != 0 {
 		t.Fatalf("locks_unregistered_tracked = %v, want 0 while unregistered sensors are refused", n)
 	}
+}
+
+// When the registry cannot be asked in the middle of a session, readings go on: a sensor not
+// known to be registered is taken as unregistered (here, with no places, untracked), the
+// failure is logged, and the queue is never held up.
+func TestBridgeGoesOnWithoutTheRegistry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	if _, err := e.pg.Exec(t.Context(), `INSERT INTO sensors (id, address) VALUES ('known', 'here')`); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(t.Context(), e.pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pg = pool // the bridge's own, to close under it
+	stop := e.start(t, Config{UnregisteredMax: -1})
+	defer func() { stop() }()
+	e.publish(t, []amqp.Publishing{unregisteredReading("known", 1)})
+	testenv.Eventually(t, time.Minute, "the first reading appended", func() bool { return e.streamMsgs(t) == 1 })
+	pool.Close()
+	e.publish(t, []amqp.Publishing{unregisteredReading("new1", 2), unregisteredReading("known", 3), unregisteredReading("new2", 4)})
+	testenv.Eventually(t, time.Minute, "all appended", func() bool { return e.streamMsgs(t) == 4 })
+	logs, _ := e.readings(t)
+	for _, l := range logs {
+		if l.Untracked != (l.SensorID != "known") {
+			t.Fatalf("%s untracked %v", l.SensorID, l.Untracked)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the failed lookup logged", func() bool {
+		return len(e.logs.lines("registry lookups failed")) == 1
+	})
 }
