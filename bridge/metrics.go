@@ -68,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Help: "Atomic batches refused or unanswered; their readings were retried one by one.",
 		}),
 	}
-	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS, ReasonMessageID} {
+	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS, ReasonMessageID, ReasonUnregistered} {
 		m.invalid.WithLabelValues(reason)
 	}
 	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.standby, m.connects, m.retries, m.batches, m.batchFailures} {

@@ -49,7 +49,7 @@ func allTargetsList() string { return strings.Join(allTargets, ",") }
 
 // What each part needs besides NATS.
 var (
-	needsPostgres   = []string{"state", "notifier", "watchdog", "api", "alerter"}
+	needsPostgres   = []string{"bridge", "state", "notifier", "watchdog", "api", "alerter"}
 	needsClickHouse = []string{"history", "api", "alerter"}
 	needsAMQP       = []string{"bridge"}
 )
@@ -163,8 +163,13 @@ type runner interface {
 func buildPart(name string, d deps) (runner, error) {
 	switch name {
 	case "bridge":
-		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
-			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/bridge")})
+		unregMax := d.cfg.UnregisteredMax
+		if unregMax == 0 {
+			unregMax = -1 // none; the bridge's zero is its default
+		}
+		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax,
+			UnregisteredMax: unregMax, RefuseUnregistered: !d.cfg.AcceptUnregistered},
+			bridge.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/bridge")})
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,

@@ -63,6 +63,12 @@ type Config struct {
 	// ClockSkewMax is how far a reading's ts may be from its receive time before the bridge
 	// counts it in locks_bridge_clock_skew_total.
 	ClockSkewMax time.Duration
+	// UnregisteredMax is how many unregistered sensors are tracked (state, liveness key);
+	// readings of others are recorded, marked untracked (docs/security.md).
+	UnregisteredMax int
+	// AcceptUnregistered false: the bridge moves readings of unregistered sensors to the
+	// invalid queue.
+	AcceptUnregistered bool
 	// LeaseTTL is how long a process's claim on a partition lives without renewal: its
 	// partitions are taken over this long (plus a renewal period) after it dies.
 	LeaseTTL time.Duration
@@ -223,6 +229,15 @@ func settings() []setting {
 		{"LOCKS_NATS_KEY", "", "PEM key of LOCKS_NATS_CERT", str(func(c *Config) *string { return &c.NATSAuth.Key })},
 		{"LOCKS_NATS_DECLARE", "true", "create and update the streams and buckets at start; false only checks they exist (a part's NATS user may not declare)", boolean(func(c *Config) *bool { return &c.NATSDeclare })},
 		{"LOCKS_CLOCK_SKEW_MAX", "5m", "a reading whose ts is further than this from its receive time is counted in locks_bridge_clock_skew_total (docs/contract.md, Sensor clocks)", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
+		{"LOCKS_UNREGISTERED_MAX", "100000", "unregistered sensors tracked (state, liveness key); readings of further ones are recorded in READINGS but not tracked, counted in locks_unregistered_untracked_readings_total (docs/security.md, Unregistered sensors); 0: none", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 100_000_000 {
+				return errors.New("must be an integer from 0 to 100000000")
+			}
+			c.UnregisteredMax = n
+			return nil
+		}},
+		{"LOCKS_ACCEPT_UNREGISTERED", "true", "false: readings of sensors that are not registered go to the invalid queue (reason unregistered) instead of READINGS", boolean(func(c *Config) *bool { return &c.AcceptUnregistered })},
 		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state (the kept API token of go tool task up)", str(func(c *Config) *string { return &c.DataDir })},
 		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /openapi.json, /healthz, /readyz, /metrics and the dashboard at /ui/", addr(func(c *Config) *string { return &c.HTTPAddr })},
 		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},
