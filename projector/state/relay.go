@@ -118,7 +118,7 @@ func (r *Relay) observe(rows []outbox.Row) {
 // window catches a quick republish, but not one after a long outage, so each sensor's last
 // event in EVENTS is looked up and rows at or below its revision are dropped unpublished.
 func (r *Relay) check(ctx context.Context, p int, rows []outbox.Row) ([]outbox.Row, []int64, error) {
-	st, err := r.js.Stream(ctx, natsx.EventsStream)
+	st, err := natsx.Stream(ctx, r.js, natsx.EventsStream)
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up %s: %w", natsx.EventsStream, err)
 	}
@@ -127,7 +127,9 @@ func (r *Relay) check(ctx context.Context, p int, rows []outbox.Row) ([]outbox.R
 		if _, ok := last[o.Key]; ok {
 			continue
 		}
-		m, err := st.GetLastMsgForSubject(ctx, natsx.EventsSubject(p, o.Key))
+		gctx, cancel := context.WithTimeout(ctx, natsx.RequestTimeout)
+		m, err := st.GetLastMsgForSubject(gctx, natsx.EventsSubject(p, o.Key))
+		cancel()
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			last[o.Key] = 0
