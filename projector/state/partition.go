@@ -44,7 +44,16 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 	// Transient failures (a database or NATS away) are retried without end, waiting longer
 	// each time up to retryMax.
 	retry := backoff.New(retryMin, retryMax)
+	defer w.flushAtStop(ctx)
 	for ctx.Err() == nil {
+		if err := w.flushSeen(ctx); err != nil {
+			if errors.Is(err, lease.ErrFenced) {
+				return err
+			}
+			w.log.Warn("write pending liveness", "err", err)
+			retry.Wait(ctx)
+			continue
+		}
 		msgs, err := w.fetch(ctx)
 		if err != nil {
 			var mm *CheckpointMismatchError
@@ -97,6 +106,30 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 	return nil
 }
 
+// flushSeen writes the partition's pending liveness when it is due (seen.go); batches write
+// it as well, so this is what an idle partition does.
+func (w *partitionWorker) flushSeen(ctx context.Context) error {
+	if w.s.cfg.SeenInterval == 0 || !w.cache.seenDue(time.Now(), w.s.cfg.SeenInterval) {
+		return nil
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.s.cfg.AckWait/2)
+	defer cancel()
+	return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
+}
+
+// flushAtStop writes the pending liveness when the partition stops cleanly, so that the next
+// owner has none to replay; after a crash the next owner replays it from READINGS instead.
+func (w *partitionWorker) flushAtStop(ctx context.Context) {
+	if ctx.Err() == nil || len(w.cache.pending) == 0 {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := w.s.flushSeen(fctx, w.p, w.epoch, w.cache); err != nil {
+		w.log.Info("pending liveness not written at stop; the next owner replays it from READINGS", "err", err)
+	}
+}
+
 // resume is where the partition's consumer starts, once the checkpoint is known to belong
 // to READINGS (a *CheckpointMismatchError otherwise): right after the checkpoint.
 func (w *partitionWorker) resume(ctx context.Context) (uint64, error) {
@@ -138,7 +171,12 @@ func (w *partitionWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 		}
 		w.r = r
 	}
-	msgs, err := w.r.Fetch(ctx, w.s.cfg.BatchSize, w.s.cfg.IdleWait)
+	wait := w.s.cfg.IdleWait
+	if w.s.cfg.SeenInterval > 0 {
+		// Awake when the pending liveness is due, to write it.
+		wait = w.cache.seenWait(time.Now(), w.s.cfg.SeenInterval, wait)
+	}
+	msgs, err := w.r.Fetch(ctx, w.s.cfg.BatchSize, wait)
 	if err == nil && len(msgs) == 0 {
 		if info := w.r.IdleInfo(); info != nil {
 			w.s.m.lag.WithLabelValues(strconv.Itoa(w.p)).Set(float64(info.NumPending))
