@@ -117,7 +117,7 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 	if cache == nil {
 		cache = newRowCache(0)
 	}
-	b, err = s.commit(ctx, p, epoch, items, lastSeq, cache)
+	b, err = s.commit(ctx, p, epoch, items, lastSeq, cache, false)
 	if err != nil {
 		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
 	}
@@ -143,8 +143,8 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 
 // commit applies items (the decoded messages up to lastSeq) to partition p in one
 // transaction, and records in cache what it committed. With no items (lastSeq 0) it writes
-// the pending liveness only (flushSeen).
-func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item, lastSeq uint64, cache *rowCache) (*batch, error) {
+// the pending liveness only (flushSeen). flush writes every pending row, due or not.
+func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item, lastSeq uint64, cache *rowCache, flush bool) (*batch, error) {
 	now := time.Now()
 	// A full cache is emptied, after its pending liveness is written.
 	full := len(cache.rows) > cache.max
@@ -156,7 +156,7 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 	err := pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
 		b = newBatch(s, tx, p, epoch, items, cache)
 		b.traced = s.tracer != nil
-		b.flush = s.cfg.SeenInterval == 0 || full || cache.seenDue(now, s.cfg.SeenInterval)
+		b.flush = flush || s.cfg.SeenInterval == 0 || full || cache.seenDue(now, s.cfg.SeenInterval)
 		if err := b.lockAndLoad(ctx); err != nil {
 			return err
 		}
@@ -180,7 +180,7 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 		return b, err
 	}
 	cache.committed(b, time.Now())
-	cache.cp = max(lastSeq, cache.cp)
+	cache.cp, cache.stale = max(lastSeq, cache.cp), false
 	if full {
 		cache.clear()
 	}
@@ -188,10 +188,10 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 	return b, nil
 }
 
-// flushSeen writes partition p's pending liveness in a transaction of its own, when the
-// partition is idle and it is due.
+// flushSeen writes partition p's pending liveness in a transaction of its own (when the
+// partition is idle and it is due, or stops), after replaying what a lost memory deferred.
 func (s *Projector) flushSeen(ctx context.Context, p int, epoch int64, cache *rowCache) error {
-	if _, err := s.commit(ctx, p, epoch, nil, 0, cache); err != nil {
+	if _, err := s.commit(ctx, p, epoch, nil, 0, cache, true); err != nil {
 		return fmt.Errorf("partition %d: write pending liveness: %w", p, err)
 	}
 	return nil

@@ -107,13 +107,31 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 }
 
 // flushSeen writes the partition's pending liveness when it is due (seen.go); batches write
-// it as well, so this is what an idle partition does.
+// it as well, so this is what an idle partition does. When the memory was lost (at start,
+// after a failed transaction) and the checkpoint says liveness was deferred, it replays
+// that at once rather than with the next reading, which may be long in coming.
 func (w *partitionWorker) flushSeen(ctx context.Context) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.s.cfg.AckWait/2)
+	defer cancel()
+	if w.cache.stale {
+		if w.cache.stream == "" {
+			// Not before the consumer has checked that the checkpoint belongs to READINGS
+			// (resume, at the first fetch): the replay reads READINGS from it.
+			return nil
+		}
+		ck, err := readCheckpoint(fctx, w.s.pg, Name, w.p)
+		if err != nil {
+			return err
+		}
+		if ck.seen >= ck.seq {
+			w.cache.stale = false // the next batch loads what it needs
+			return nil
+		}
+		return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
+	}
 	if w.s.cfg.SeenInterval == 0 || !w.cache.seenDue(time.Now(), w.s.cfg.SeenInterval) {
 		return nil
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.s.cfg.AckWait/2)
-	defer cancel()
 	return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
 }
 
@@ -172,7 +190,11 @@ func (w *partitionWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 		w.r = r
 	}
 	wait := w.s.cfg.IdleWait
-	if w.s.cfg.SeenInterval > 0 {
+	switch {
+	case w.cache.stale:
+		// Back at once for flushSeen's replay, now that the checkpoint is checked.
+		wait = 0
+	case w.s.cfg.SeenInterval > 0:
 		// Awake when the pending liveness is due, to write it.
 		wait = w.cache.seenWait(time.Now(), w.s.cfg.SeenInterval, wait)
 	}

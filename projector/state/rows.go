@@ -26,15 +26,18 @@ type rowCache struct {
 	// pendingSince; each is in rows.
 	pending      map[string]struct{}
 	pendingSince time.Time
+	// stale: the memory was lost (a new cache, or cleared), and the checkpoint may say that
+	// liveness deferred before is to be replayed (partitionWorker.flushSeen).
+	stale bool
 }
 
 func newRowCache(max int) *rowCache {
-	return &rowCache{rows: make(map[string]row), pending: make(map[string]struct{}), max: max}
+	return &rowCache{rows: make(map[string]row), pending: make(map[string]struct{}), max: max, stale: true}
 }
 
 // clear forgets the rows, and with them the pending liveness: checkpoints.seen_seq says
 // where it is replayed from (recoverSeen).
-func (c *rowCache) clear() { clear(c.rows); clear(c.pending); c.cp = 0 }
+func (c *rowCache) clear() { clear(c.rows); clear(c.pending); c.cp, c.stale = 0, true }
 
 // selectRows joins the keys to sensor_state, one index probe each with keyedJoins
 // (sensor_id = ANY($1) would probe every partition for every key).
