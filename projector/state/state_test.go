@@ -434,7 +434,7 @@ func TestHelperStateProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen, _ := time.ParseDuration(os.Getenv("LOCKS_TEST_SEEN_INTERVAL")) // none: every reading written
-	batch, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_BATCH"))                // none: the default
+	batch, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_BATCH"))              // none: the default
 	s, err := New(Config{Partitions: partition.All(n), PartitionCount: n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
 		SeenInterval: seen, BatchSize: batch}, Deps{JS: js, PG: pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
