@@ -73,6 +73,39 @@ func (e *stateEnv) rowsWritten(t *testing.T) (change, seen float64) {
 	return change, seen
 }
 
+// publishLive publishes readings of ids at rate a second for runFor, received when they
+// are published: each flips its sensor's value with probability change and repeats it
+// otherwise. sent, when not nil, sees each chunk before it is published.
+func (e *stateEnv) publishLive(t testing.TB, r *rand.Rand, ids []string, rate int, runFor time.Duration, change float64, sent func([]event.Log)) statePublished {
+	t.Helper()
+	last := map[string]uint8{}
+	var pub statePublished
+	const every = 20 * time.Millisecond
+	start := time.Now()
+	for i := 0; time.Since(start) < runFor; i++ {
+		chunk := make([]event.Log, max(1, rate*int(every/time.Millisecond)/1000))
+		for j := range chunk {
+			id := ids[r.IntN(len(ids))]
+			d, ok := last[id]
+			if !ok {
+				d = uint8(r.IntN(2))
+			} else if r.Float64() < change {
+				d = 1 - d
+			}
+			last[id] = d
+			now := time.Now().UTC().Truncate(time.Microsecond).Add(time.Duration(j) * time.Microsecond)
+			chunk[j] = event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d, Time: now, ReceivedTime: now,
+				MessageID: "live" + strconv.Itoa(i) + "-" + strconv.Itoa(j)}
+		}
+		if sent != nil {
+			sent(chunk)
+		}
+		e.publish(t, e.nats.JS, chunk, &pub)
+		time.Sleep(time.Until(start.Add(time.Duration(i+1) * every)))
+	}
+	return pub
+}
+
 // Readings arriving live, most of them repeats: at any moment every sensor's last_seen in
 // Postgres is at least the receive time of its readings older than the bound (plus the
 // pipeline's slack), far fewer rows are written than readings come, and once the readings
@@ -137,28 +170,13 @@ func TestStateSeenWithinBoundUnderLoad(t *testing.T) {
 		}
 	}()
 
-	last := map[string]uint8{}
-	var pub statePublished
-	start := time.Now()
-	for i := 0; time.Since(start) < runFor; i++ {
-		chunk := make([]event.Log, rate/50)
+	pub := e.publishLive(t, r, ids, rate, runFor, 0.05, func(chunk []event.Log) {
 		mu.Lock()
-		for j := range chunk {
-			id := ids[r.IntN(len(ids))]
-			d, ok := last[id]
-			if !ok || r.Float64() < 0.05 {
-				d = uint8(r.IntN(2))
-			}
-			last[id] = d
-			now := time.Now().UTC().Truncate(time.Microsecond).Add(time.Duration(j) * time.Microsecond)
-			chunk[j] = event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d, Time: now, ReceivedTime: now,
-				MessageID: "live" + strconv.Itoa(i) + "-" + strconv.Itoa(j)}
-			sent[id] = append(sent[id], now)
+		for _, l := range chunk {
+			sent[l.SensorID] = append(sent[l.SensorID], l.ReceivedTime)
 		}
 		mu.Unlock()
-		e.publish(t, e.nats.JS, chunk, &pub)
-		time.Sleep(time.Until(start.Add(time.Duration(i+1) * 20 * time.Millisecond)))
-	}
+	})
 	close(stop)
 	<-sampled
 	e.waitCaughtUp(t, &pub, 60*time.Second)
