@@ -73,17 +73,16 @@ func (e *stateEnv) rowsWritten(t *testing.T) (change, seen float64) {
 	return change, seen
 }
 
-// publishLive publishes readings of ids at rate a second for runFor, received when they
-// are published: each flips its sensor's value with probability change and repeats it
-// otherwise. sent, when not nil, sees each chunk before it is published.
-func (e *stateEnv) publishLive(t testing.TB, r *rand.Rand, ids []string, rate int, runFor time.Duration, change float64, sent func([]event.Log)) statePublished {
+// publishLive publishes count readings of ids into pub at up to rate a second, received
+// when they are published: each flips its sensor's value (last, updated) with probability
+// change and repeats it otherwise. sent, when not nil, sees each chunk before it is published.
+func (e *stateEnv) publishLive(t testing.TB, pub *statePublished, r *rand.Rand, ids []string, last map[string]uint8, rate, count int, change float64, sent func([]event.Log)) {
 	t.Helper()
-	last := map[string]uint8{}
-	var pub statePublished
 	const every = 20 * time.Millisecond
 	start := time.Now()
-	for i := 0; time.Since(start) < runFor; i++ {
-		chunk := make([]event.Log, max(1, rate*int(every/time.Millisecond)/1000))
+	for i, done := 0, 0; done < count; i++ {
+		chunk := make([]event.Log, min(count-done, max(1, rate*int(every/time.Millisecond)/1000)))
+		done += len(chunk)
 		for j := range chunk {
 			id := ids[r.IntN(len(ids))]
 			d, ok := last[id]
@@ -95,15 +94,14 @@ func (e *stateEnv) publishLive(t testing.TB, r *rand.Rand, ids []string, rate in
 			last[id] = d
 			now := time.Now().UTC().Truncate(time.Microsecond).Add(time.Duration(j) * time.Microsecond)
 			chunk[j] = event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d, Time: now, ReceivedTime: now,
-				MessageID: "live" + strconv.Itoa(i) + "-" + strconv.Itoa(j)}
+				MessageID: "live" + strconv.Itoa(len(pub.logs)+j)}
 		}
 		if sent != nil {
 			sent(chunk)
 		}
-		e.publish(t, e.nats.JS, chunk, &pub)
+		e.publish(t, e.nats.JS, chunk, pub)
 		time.Sleep(time.Until(start.Add(time.Duration(i+1) * every)))
 	}
-	return pub
 }
 
 // Readings arriving live, most of them repeats: at any moment every sensor's last_seen in
@@ -170,7 +168,8 @@ func TestStateSeenWithinBoundUnderLoad(t *testing.T) {
 		}
 	}()
 
-	pub := e.publishLive(t, r, ids, rate, runFor, 0.05, func(chunk []event.Log) {
+	var pub statePublished
+	e.publishLive(t, &pub, r, ids, map[string]uint8{}, rate, int(runFor/time.Second)*rate, 0.05, func(chunk []event.Log) {
 		mu.Lock()
 		for _, l := range chunk {
 			sent[l.SensorID] = append(sent[l.SensorID], l.ReceivedTime)
