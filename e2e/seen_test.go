@@ -68,6 +68,7 @@ func TestRepeatingSensorStaysSeen(t *testing.T) {
 		LastSeenBound string    `json:"last_seen_bound"`
 		Revision      string    `json:"revision"`
 	}
+	rcv.wait(t, 2, 20*time.Second) // both first states are in
 	// Four lost_afters of repeats, the state read every 200 ms.
 	var worst time.Duration
 	started := time.Now()
