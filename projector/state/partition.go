@@ -50,9 +50,13 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 			if errors.Is(err, lease.ErrFenced) {
 				return err
 			}
+			// On to the fetch, which says why if the checkpoint no longer fits READINGS
+			// (resume) and else waits for Postgres with the batch.
 			w.log.Warn("write pending liveness", "err", err)
+			if w.r != nil {
+				w.r.Reopen()
+			}
 			retry.Wait(ctx)
-			continue
 		}
 		msgs, err := w.fetch(ctx)
 		if err != nil {
