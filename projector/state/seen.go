@@ -43,7 +43,8 @@ var errSeenReplay = errors.New("replaying deferred liveness derived an event: se
 
 // seenFlushAge is how long the oldest pending liveness waits before it is written: a fifth
 // short of the interval, so that the batch or the idle wake-up that writes it, and its
-// commit, fit in the interval the API states.
+// commit, fit in the interval the API states (a batch decides at its start: one longer than
+// that fifth makes the write late by about its length).
 func seenFlushAge(interval time.Duration) time.Duration { return interval - interval/5 }
 
 // seenDue says whether the pending liveness is to be written at now.
