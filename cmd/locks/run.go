@@ -177,7 +177,8 @@ func buildPart(name string, d deps) (runner, error) {
 			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})
 	case "state":
-		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
+		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL,
+			SeenInterval: d.cfg.StateSeenInterval},
 			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Tracer: d.tracing.Tracer("lock-sensors/state")})
 		if err != nil {
 			return nil, err
@@ -213,7 +214,8 @@ func buildPart(name string, d deps) (runner, error) {
 		if err != nil {
 			return nil, err
 		}
-		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
+		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
+			StateSeenInterval: d.cfg.StateSeenInterval},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
 				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn()), Health: hl.Server()})
 		if err != nil {

@@ -45,6 +45,9 @@ type Config struct {
 	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
 	HistoryBatchSize     int
 	HistoryFlushInterval time.Duration
+	// StateSeenInterval is how long the state projector may defer writing a sensor's
+	// liveness when nothing else of it changed; 0: every reading is written.
+	StateSeenInterval time.Duration
 	// WatchdogSweep is the period of the watchdog's reconciliation sweep.
 	WatchdogSweep time.Duration
 	// WatchdogMaxHold bounds how long the watchdog holds an expiry while the pipeline is behind.
@@ -316,6 +319,14 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
+		{"LOCKS_STATE_SEEN_INTERVAL", "5s", "longest the state projector defers writing a sensor's last_seen_time and last_reading_time when nothing else of it changed (0 to 1m; 0 writes every reading); a change of state or connection is written at once, and the API states the bound with each state (docs/contract.md)", func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > time.Minute {
+				return errors.New("must be a duration from 0s to 1m")
+			}
+			c.StateSeenInterval = d
+			return nil
+		}},
 		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's reconciliation sweep between the state projection and the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
 		{"LOCKS_WATCHDOG_MAX_HOLD", "15m", "longest an expiry is held while the pipeline is behind; then the sensor is declared lost anyway", dur(func(c *Config) *time.Duration { return &c.WatchdogMaxHold })},
 		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep that address private)", boolean(func(c *Config) *bool { return &c.Pprof })},
