@@ -182,7 +182,7 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 		}
 	}
 	for p, h := range a.held {
-		if start.Sub(h.renewed) >= a.cfg.TTL {
+		if lapsed(h.renewed, start, a.cfg.TTL) {
 			// Paused or cut off past the TTL: another process may own it by now.
 			a.log.Warn("lease lapsed; partition stopped", "partition", p, "since_renewal", start.Sub(h.renewed))
 			a.drop(p, false)
@@ -220,19 +220,14 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 		}
 		return nil
 	}
-	target := (a.cfg.PartitionCount + members - 1) / members
-	if extra := len(a.held) - target; extra > 0 {
-		ps := slices.Sorted(maps.Keys(a.held))
-		for _, p := range ps[len(ps)-extra:] {
-			a.log.Info("partition released to balance the load", "partition", p, "members", members, "share", target)
-			a.drop(p, true)
-		}
+	pl := planRound(a.cfg.Owner, a.cfg.PartitionCount, members, slices.Collect(maps.Keys(a.held)), taken)
+	for _, p := range pl.release {
+		a.log.Info("partition released to balance the load", "partition", p, "members", members, "share", pl.share)
+		a.drop(p, true)
 	}
-	first := int(hash(a.cfg.Owner) % uint32(a.cfg.PartitionCount))
-	for i := 0; i < a.cfg.PartitionCount && len(a.held) < target; i++ {
-		p := (first + i) % a.cfg.PartitionCount
-		if taken[p] || a.held[p] != nil {
-			continue
+	for _, p := range pl.claim {
+		if len(a.held) >= pl.share {
+			break
 		}
 		rev, err := a.kv.Create(rctx, partitionKey(p), []byte(a.cfg.Owner))
 		if errors.Is(err, jetstream.ErrKeyExists) {
