@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
@@ -41,6 +42,7 @@ type Notifier struct {
 	js     jetstream.JetStream
 	db     *pgxpool.Pool
 	log    *slog.Logger
+	clock  clock.Clock
 	policy Policy
 	lease  time.Duration
 	send   *sender
@@ -85,7 +87,7 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 		return nil, err
 	}
 	n := &Notifier{
-		cfg: cfg, js: d.JS, db: d.PG, log: d.Logger.With("part", "notifier"),
+		cfg: cfg, js: d.JS, db: d.PG, log: d.Logger.With("part", "notifier"), clock: clock.Or(d.Clock),
 		policy:    Policy{Schedule: append([]time.Duration(nil), cfg.RetrySchedule...)},
 		lease:     cfg.WebhookTimeout + 30*time.Second,
 		send:      newSender(cfg.WebhookTimeout, cfg.WebhookAllowPrivate),
