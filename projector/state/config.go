@@ -108,10 +108,8 @@ func (c Config) Validate() error {
 	case c.IdleWait <= 0 || c.RelayPoll <= 0 || c.PublishTimeout <= 0:
 		return errors.New("state projector: idle wait, relay poll and publish timeout must be > 0")
 	}
-	for _, p := range c.Partitions {
-		if p < 0 || p >= c.PartitionCount {
-			return fmt.Errorf("state projector: partition %d out of range 0-%d", p, c.PartitionCount-1)
-		}
+	if err := c.Partitions.Check(c.PartitionCount); err != nil {
+		return fmt.Errorf("state projector: %w", err)
 	}
 	return nil
 }
