@@ -120,11 +120,9 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 			Help: "Events taken in after a newer revision of the same sensor for the same client (recorded superseded, never sent): should stay 0."}),
 		clients: newClientMetrics(cfg.MetricsMaxClients),
 	}
-	for _, c := range append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency, n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late},
-		n.m.clients.collectors()...) {
-		if err := d.Registerer.Register(c); err != nil {
-			return nil, fmt.Errorf("notifier: register metrics: %w", err)
-		}
+	if err := part.Register(d.Registerer, "notifier", append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency,
+		n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late}, n.m.clients.collectors()...)...); err != nil {
+		return nil, err
 	}
 	var err error
 	if n.gaps, err = logread.NewGaps(d.Registerer, n.log, Name); err != nil {

@@ -98,10 +98,8 @@ func New(cfg Config, d Deps) (*Assigner, error) {
 			Help: "Partitions this process claimed."}),
 		held: map[int]*hold{}, running: map[int]chan struct{}{}, wake: make(chan struct{}, 1),
 	}
-	for _, c := range []prometheus.Collector{a.owned, a.lost, a.claims} {
-		if err := d.Registerer.Register(c); err != nil {
-			return nil, fmt.Errorf("lease %s metrics: %w", cfg.Name, err)
-		}
+	if err := part.Register(d.Registerer, "lease "+cfg.Name, a.owned, a.lost, a.claims); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
