@@ -65,9 +65,9 @@ func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payload
 	// Generic plans for these statements, with sequential scans off as for finish's: they
 	// probe key by key (LATERAL subqueries kept apart with OFFSET 0), a plan that does not
 	// depend on the arguments, but the planner, costing each call afresh, planned the INSERT
-	// and supersede's look-up anew for every batch: 3.6 ms of planning per ingested batch
-	// against 0.5 ms of executing (Postgres's statement log over BenchmarkLatency), which
-	// raised its p50 at 1,000 events/s from 21–25 to 32–37 ms. Sequential scans off, so that
+	// and supersede's look-up anew for every batch, and planning cost several times the
+	// executing (Postgres's statement log over BenchmarkLatency), which showed in the
+	// webhook latency. Sequential scans off, so that
 	// a plan made while the tables are nearly empty, and kept, still probes by index.
 	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`); err != nil {
 		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
