@@ -3,11 +3,10 @@ package state
 import (
 	"context"
 	"fmt"
-	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 // RebaseResult says what Rebase did.
@@ -24,6 +23,13 @@ type RebaseResult struct {
 	ShadowDropped bool
 }
 
+// RebaseConfig is what Rebase restarts the checkpoints from.
+type RebaseConfig struct {
+	// FromSeq is the READINGS sequence the projection applies again from (0: the stream's
+	// first); needed when a checkpoint is merely ahead of the same stream.
+	FromSeq uint64
+}
+
 // Rebase is the way out of a checkpoint mismatch (see checkpoint.go) that keeps what
 // Postgres knows: the state projection's checkpoints that do not belong to READINGS are
 // restarted just before fromSeq (0: the stream's first sequence) and name the current
@@ -37,7 +43,12 @@ type RebaseResult struct {
 //
 // A rebuild's shadow (which followed the old checkpoints) is dropped with it; a rebuild
 // running meanwhile fails and can be started again.
-func Rebase(ctx context.Context, js jetstream.JetStream, pg *pgxpool.Pool, fromSeq uint64, log *slog.Logger) (RebaseResult, error) {
+func Rebase(ctx context.Context, cfg RebaseConfig, d RebuildDeps) (RebaseResult, error) {
+	if err := part.Require("state rebase", part.Dep{Name: "Logger", Value: d.Logger}, part.Dep{Name: "JS", Value: d.JS},
+		part.Dep{Name: "PG", Value: d.PG}); err != nil {
+		return RebaseResult{}, err
+	}
+	js, pg, fromSeq, log := d.JS, d.PG, cfg.FromSeq, d.Logger
 	pos, err := readingsPosition(ctx, js)
 	if err != nil {
 		return RebaseResult{}, err
