@@ -208,7 +208,8 @@ func buildPart(name string, d deps) (runner, error) {
 		}
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
-				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn()), Health: hl.Server()})
+				DeadLetters: notifier.NewDeadLetters(notifier.DeadLettersDeps{PG: d.pg}),
+				Controls:    notifier.NewControls(notifier.ControlsDeps{PG: d.pg, NC: d.js.Conn()}), Health: hl.Server()})
 		if err != nil {
 			return nil, err
 		}
