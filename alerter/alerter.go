@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/netguard"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/projector/rebuild"
@@ -32,6 +33,8 @@ type Deps struct {
 	JS          jetstream.JetStream
 	PG          *pgxpool.Pool
 	Projections Projections
+	// Clock is the time the conditions are judged at; nil is the system clock.
+	Clock clock.Clock
 }
 
 // Alerter evaluates the alert conditions and sends their notices; see the package comment.
@@ -59,6 +62,7 @@ func New(cfg Config, d Deps) (*Alerter, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.Clock = clock.Or(d.Clock)
 	a := &Alerter{cfg: cfg, d: d, log: d.Logger.With("part", "alerter"), m: m,
 		// The operator chose the URL and may well point it at a private address; the rest of
 		// the client webhooks' guard holds: no proxy from the environment, no redirects,

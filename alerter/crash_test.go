@@ -3,11 +3,7 @@ package alerter
 import (
 	"encoding/json"
 	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,65 +11,15 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// child is the alerter running in a child process (see TestMain).
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	code int
-}
-
-type logWriter struct{ t testing.TB }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		w.t.Log("child: " + l)
-	}
-	return len(p), nil
-}
-
 // child starts an alerter process configured by cfg, dying at crash point crash if set.
-func (e *env) child(cfg Config, crash string) *child {
+func (e *env) child(cfg Config, crash string) *testenv.Child {
 	e.t.Helper()
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "ALERTER_TEST_PG="+e.pgURL, "ALERTER_TEST_NATS="+e.nats.URL,
+	return testenv.StartChild(e.t, nil, childEnv+"=1", "ALERTER_TEST_PG="+e.pgURL, "ALERTER_TEST_NATS="+e.nats.URL,
 		"ALERTER_TEST_CONFIG="+string(raw), crashpoint.Env+"="+crash)
-	cmd.Stdout, cmd.Stderr = logWriter{e.t}, logWriter{e.t}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			c.code = ee.ExitCode()
-		}
-		close(c.done)
-	}()
-	e.t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-c.done
-			e.t.Errorf("child alerter did not stop on SIGTERM within 20s")
-		}
-	})
-	return c
-}
-
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // unsent counts the notices not marked sent.
@@ -115,10 +61,7 @@ func TestKilledWhileSendingSendsAfterRestart(t *testing.T) {
 	}
 	// The webhook goes its own way: let it finish, so that the kill hits only the e-mail.
 	testenv.Eventually(t, 30*time.Second, "the webhook notice marked sent", func() bool { return e.unsent() == 1 })
-	if err := first.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-first.done
+	first.Kill()
 	close(release)
 	if n := len(e.smtp.got()); n != 0 {
 		t.Fatalf("%d e-mails accepted before the restart, want 0", n)
@@ -144,9 +87,9 @@ func TestCrashAfterAcceptSendsAgainWithTheSameID(t *testing.T) {
 	cfg.WebhookURL, cfg.WebhookSecret = "", "" // one channel: the crash is after its send
 	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
 	first := e.child(cfg, CrashAfterSend)
-	testenv.Eventually(t, 30*time.Second, "the child to die at "+CrashAfterSend, first.exited)
-	if first.code != crashpoint.ExitCode {
-		t.Fatalf("child exit code %d, want %d", first.code, crashpoint.ExitCode)
+	testenv.Eventually(t, 30*time.Second, "the child to die at "+CrashAfterSend, first.Exited)
+	if first.ExitCode() != crashpoint.ExitCode {
+		t.Fatalf("child exit code %d, want %d", first.ExitCode(), crashpoint.ExitCode)
 	}
 	if n := e.unsent(); n != 1 {
 		t.Fatalf("%d notices unsent after the crash, want 1", n)

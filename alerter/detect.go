@@ -125,7 +125,7 @@ func (a *Alerter) massLoss(ctx context.Context) (map[string]condition, error) {
 		return nil, fmt.Errorf("count lost sensors: %w", err)
 	}
 	out := map[string]condition{}
-	if total == 0 || group < int64(a.cfg.MassLossMin) || float64(group) <= a.cfg.MassLossShare*float64(total) {
+	if !massLost(total, group, a.cfg.MassLossMin, a.cfg.MassLossShare) {
 		return out, nil
 	}
 	out["sensors"] = condition{

@@ -46,7 +46,7 @@ func (a *Alerter) setAside(ctx context.Context) (map[string]condition, error) {
 		if err != nil {
 			return nil, err
 		}
-		if int64(m.Sequence) <= mark && time.Since(m.Time) >= a.cfg.SetAsideQuiet {
+		if !setAsideFiring(int64(m.Sequence), mark, m.Time, a.d.Clock.Now(), a.cfg.SetAsideQuiet) {
 			continue
 		}
 		out[key] = condition{
@@ -71,20 +71,8 @@ func (a *Alerter) partStopped(ctx context.Context) (map[string]condition, error)
 	if err != nil {
 		return nil, fmt.Errorf("process registry: %w", err)
 	}
-	now := time.Now()
-	fresh := func(p procs.Info) bool { return now.Sub(p.UpdatedAt) < a.cfg.ProcessStale }
 	out := map[string]condition{}
-	for _, p := range ps {
-		if fresh(p) {
-			continue
-		}
-		replaced := slices.ContainsFunc(ps, func(q procs.Info) bool {
-			return q.ID != p.ID && q.Host == p.Host && fresh(q) && q.StartedAt.After(p.UpdatedAt) &&
-				!slices.ContainsFunc(p.Parts, func(part string) bool { return !slices.Contains(q.Parts, part) })
-		})
-		if replaced {
-			continue
-		}
+	for _, p := range stoppedProcesses(ps, a.d.Clock.Now(), a.cfg.ProcessStale) {
 		out["process/"+p.ID] = condition{
 			summary: fmt.Sprintf("process %s on %s (pid %d, parts %s) stopped reporting at %s",
 				p.ID, p.Host, p.PID, strings.Join(p.Parts, ","), p.UpdatedAt.UTC().Format(time.RFC3339)),
@@ -124,7 +112,7 @@ func (a *Alerter) projectionLag(ctx context.Context) (map[string]condition, erro
 			if err != nil {
 				return nil, fmt.Errorf("oldest unapplied reading of %s partition %d: %w", in.Name, p.Partition, err)
 			}
-			age := time.Since(m.Time)
+			age := a.d.Clock.Now().Sub(m.Time)
 			if age < a.cfg.Lag {
 				continue
 			}

@@ -43,12 +43,7 @@ const (
 
 // TestMain runs the alerter as a child process when childEnv is set, configured by
 // ALERTER_TEST_* variables, until SIGTERM or a crash point.
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(runChild())
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
 
 func runChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

@@ -1,9 +1,9 @@
 package alerter
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 type metrics struct {
@@ -36,10 +36,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_alert_notices_waiting",
 			Help: "Alert notices not sent yet (failing, or held back by LOCKS_ALERT_MAX_PER_MINUTE), by channel."}, []string{"channel"}),
 	}
-	for _, c := range []prometheus.Collector{m.active, m.firing, m.transitions, m.evalErrors, m.evaluations, m.sent, m.failures, m.waiting} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("alerter metrics: %w", err)
-		}
+	if err := part.Register(reg, "alerter", m.active, m.firing, m.transitions, m.evalErrors, m.evaluations, m.sent, m.failures, m.waiting); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -63,16 +63,16 @@ func (a *Alerter) reconcile(ctx context.Context, kind string, conds map[string]c
 		for _, f := range firing {
 			open[f.subject] = f.id
 		}
-		for subject, id := range open {
-			c, holds := conds[subject]
-			if holds {
-				details, _ := json.Marshal(c.details)
-				if _, err := tx.Exec(ctx, `UPDATE alerts SET summary = $2, details = $3, watermark = greatest(watermark, $4) WHERE id = $1`,
-					id, c.summary, details, c.watermark); err != nil {
-					return err
-				}
-				continue
+		tr := transitionsOf(open, conds)
+		for subject, id := range tr.still {
+			c := conds[subject]
+			details, _ := json.Marshal(c.details)
+			if _, err := tx.Exec(ctx, `UPDATE alerts SET summary = $2, details = $3, watermark = greatest(watermark, $4) WHERE id = $1`,
+				id, c.summary, details, c.watermark); err != nil {
+				return err
 			}
+		}
+		for _, id := range tr.resolve {
 			if _, err := tx.Exec(ctx, `UPDATE alerts SET resolved_at = now() WHERE id = $1`, id); err != nil {
 				return err
 			}
@@ -81,10 +81,8 @@ func (a *Alerter) reconcile(ctx context.Context, kind string, conds map[string]c
 			}
 			resolved++
 		}
-		for subject, c := range conds {
-			if _, ok := open[subject]; ok {
-				continue
-			}
+		for _, subject := range tr.fire {
+			c := conds[subject]
 			details, _ := json.Marshal(c.details)
 			var id int64
 			if err := tx.QueryRow(ctx, `INSERT INTO alerts (kind, subject, summary, details, watermark) VALUES ($1, $2, $3, $4, $5) RETURNING id`,

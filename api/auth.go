@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
+
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 // errNoTokens is what every call gets when no token is configured.
@@ -85,10 +87,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"method"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register API metrics: %w", err)
-		}
+	if err := part.Register(reg, "api", m.requests, m.duration); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

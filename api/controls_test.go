@@ -24,7 +24,9 @@ import (
 
 // withControls serves the webhook controls of the notifier on ne's NATS.
 func withControls(ne *testenv.NATSEnv) envOpt {
-	return func(_ *Config, d *Deps) { d.Controls = notifier.NewControls(d.PG, ne.NC) }
+	return func(_ *Config, d *Deps) {
+		d.Controls = notifier.NewControls(notifier.ControlsDeps{PG: d.PG, NC: ne.NC})
+	}
 }
 
 // TestWebhookControlsREST: event type filters are checked and stored, disable and enable

@@ -85,7 +85,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 	_, db := testenv.Postgres(t)
 	cfg := Config{GRPCAddr: "127.0.0.1:0", Tokens: []string{testToken, "second-token-0123456789"}}
 	reg := prometheus.NewRegistry()
-	deps := Deps{PG: db, Logger: testenv.Logger(t), Registerer: reg, DeadLetters: notifier.NewDeadLetters(db)}
+	deps := Deps{PG: db, Logger: testenv.Logger(t), Registerer: reg, DeadLetters: notifier.NewDeadLetters(notifier.DeadLettersDeps{PG: db})}
 	for _, o := range opts {
 		o(&cfg, &deps)
 	}

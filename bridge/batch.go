@@ -30,11 +30,11 @@ func (p *batched) Err() <-chan error            { return p.err }
 
 // batcher appends readings to READINGS in atomic batches when the stream allows them
 // (natsx.StreamsConfig.AtomicPublish). A server that syncs every write (the embedded one's
-// default) then syncs once per batch instead of once per reading: on the 2-core test
-// machine, 7,147 single appends/s against 67,571 in batches of 256 (the full run of
-// 2026-11-23 22:50, BenchmarkBareJetStreamSyncAlways). A batch is whatever
-// readings wait when the previous one is committed, up to natsx.MaxAtomicBatch, so nothing waits for a
-// batch to fill: a quiet bridge sends batches of one.
+// default) then syncs once per batch instead of once per reading, which multiplies the
+// appends a second (BenchmarkBareJetStreamSyncAlways measures both; BENCHMARKS.md has the
+// figures). A batch is whatever readings wait when the previous one is committed, up to
+// natsx.MaxAtomicBatch, so nothing waits for a batch to fill: a quiet bridge sends batches
+// of one.
 //
 // A batch is stored whole or not at all. One that fails (a Nats-Msg-Id already in the
 // stream fails the whole batch, as does a timeout or a NATS restart) fails each of its

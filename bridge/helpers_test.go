@@ -31,12 +31,7 @@ const (
 	childPGEnv    = "LOCKS_BRIDGE_TEST_POSTGRES_URL"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(runChild())
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
 
 // runChild runs a bridge until it is killed at its crash point or a minute has passed.
 func runChild() int {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"strconv"
-	"time"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/tracing"
@@ -23,18 +22,13 @@ func (n *Notifier) attempt(ctx context.Context, c claimed) result {
 
 // attemptOnce is attempt without its span.
 func (n *Notifier) attemptOnce(ctx context.Context, c claimed) result {
-	start := time.Now()
+	start := n.clock.Now()
 	n.m.claim.Between(c.due, start)
 	r := result{c: c, at: start}
 	fail := func(msg string) result {
 		r.errText = msg
 		k := c.attempts + 1 - c.attemptBase // this attempt's number within its schedule
-		d := n.policy.Delay(k, rand.Float64(), RetryAfter(r.status, r.retryAfter, time.Now()))
-		if d == Stop {
-			r.state = StateDead
-		} else {
-			r.state, r.delay = StatePending, d
-		}
+		r.state, r.delay = n.policy.afterFailure(k, rand.Float64(), r.status, r.retryAfter, n.clock.Now())
 		return r
 	}
 	e, err := event.DecodeEvent(c.payload)
@@ -55,8 +49,8 @@ func (n *Notifier) attemptOnce(ctx context.Context, c claimed) result {
 		tracing.InjectHTTP(ctx, h) // the receiver can join the attempt's trace
 	}
 	resp, err := n.send.post(ctx, c.url, h, body)
-	r.latency = time.Since(start)
-	n.m.attempt.Since(start)
+	r.latency = n.clock.Now().Sub(start)
+	n.m.attempt.Between(start, start.Add(r.latency))
 	r.status = resp.status
 	r.retryAfter = resp.retryAfter
 	if err != nil && ctx.Err() != nil {
@@ -69,7 +63,7 @@ func (n *Notifier) attemptOnce(ctx context.Context, c claimed) result {
 		return fail(err.Error())
 	case resp.status >= 200 && resp.status < 300:
 		r.state = StateDelivered
-		n.m.lag.Observe(time.Since(e.OccurredAt).Seconds())
+		n.m.lag.Observe(n.clock.Now().Sub(e.OccurredAt).Seconds())
 		return r
 	default:
 		return fail("HTTP " + strconv.Itoa(resp.status))

@@ -100,17 +100,17 @@ func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64
 	}
 	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		// JIT off, in the same round trip: the planner's estimate for this statement (a subplan
-		// per row on every partition) passes jit_above_cost, and compiling it took 0.5 s per
-		// claim on a busy machine, for a query that runs in milliseconds.
+		// per row on every partition) passes jit_above_cost, and compiling it cost far more
+		// than the query, which runs in milliseconds.
 		// Sorts off: the window must be read in the due index's order (a merge of the
 		// partitions' scans), so that the unblocked test runs on the rows up to the window's
 		// end only. Estimating the pending rows few (without statistics, or with ones from
 		// before a backlog), the planner tested every pending row and sorted them instead, so
-		// that each claim grew with the backlog (a 10,000-row backlog: 38,600 buffers per
-		// claim against 10,100). The sorts above the window have no alternative and stay.
+		// that each claim grew with the backlog (several times the buffers read per claim).
+		// The sorts above the window have no alternative and stay.
 		// Generic plans: the statements' shapes no longer depend on the table's contents,
-		// and planning them afresh for each claim, which the planner chose, doubled
-		// BenchmarkLatency's p50 at 1,000 events/s (22 -> 45 ms). Sequential scans off for
+		// and planning them afresh for each claim, which the planner chose, about doubled
+		// BenchmarkLatency's median. Sequential scans off for
 		// the UPDATE: its generic plan, made once per connection and kept, scanned whole the
 		// partitions that were nearly empty when it was made (seen), instead of by TID.
 		b := &pgx.Batch{}

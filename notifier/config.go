@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
@@ -122,4 +123,6 @@ type Deps struct {
 	PG         *pgxpool.Pool
 	// Tracer, when set, traces each webhook attempt (trace.go); nil: no tracing at all.
 	Tracer trace.Tracer
+	// Clock is the time of the retry and breaker decisions; nil is the system clock.
+	Clock clock.Clock
 }

@@ -25,8 +25,15 @@ type Controls struct {
 	nc *nats.Conn
 }
 
-// NewControls serves the controls on the tables of db, announcing resets on nc.
-func NewControls(db DB, nc *nats.Conn) *Controls { return &Controls{db: db, nc: nc} }
+// ControlsDeps are what the controls work on: the notifier's tables in PG, and NC to
+// announce resets and registry changes to every notifier process.
+type ControlsDeps struct {
+	PG DB
+	NC *nats.Conn
+}
+
+// NewControls serves the controls on the tables of d.PG, announcing resets on d.NC.
+func NewControls(d ControlsDeps) *Controls { return &Controls{db: d.PG, nc: d.NC} }
 
 // Reset tells every notifier process to close client's breaker and send at once.
 func (c *Controls) Reset(ctx context.Context, client string) error {

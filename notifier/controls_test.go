@@ -25,7 +25,7 @@ func (e *env) controls() *Controls {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(nc.Close)
-	return NewControls(e.pool, nc)
+	return NewControls(ControlsDeps{PG: e.pool, NC: nc})
 }
 
 // startOwnConn runs a notifier of e.cfg on a NATS connection of its own, as another process.
@@ -209,7 +209,7 @@ func TestResetReachesEveryNotifier(t *testing.T) {
 	}
 	dead := e.countRows(`SELECT count(*) FROM notifier_deliveries WHERE state = 'dead'`)
 	broken.Store(false)
-	redriven, err := NewDeadLetters(e.pool).Redrive(t.Context(), "c1", time.Time{}, time.Time{})
+	redriven, err := NewDeadLetters(DeadLettersDeps{PG: e.pool}).Redrive(t.Context(), "c1", time.Time{}, time.Time{})
 	if err != nil || int(redriven) != dead {
 		t.Fatalf("redrive: %d, %v; want %d", redriven, err, dead)
 	}

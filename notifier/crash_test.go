@@ -1,12 +1,8 @@
 package notifier
 
 import (
-	"errors"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,75 +11,14 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// child is the notifier running in a child process (see TestMain).
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	code int
-}
-
-type logWriter struct {
-	t      testing.TB
-	prefix string
-}
-
-func (w logWriter) Write(p []byte) (int, error) {
-	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		if !strings.Contains(l, "EVENTS consumer") {
-			w.t.Log(w.prefix + l)
-		}
-	}
-	return len(p), nil
-}
-
 // child starts a notifier process; env adds variables (NAME=value) to its environment.
-func (e *env) child(schedule, crash string, env ...string) *child {
+func (e *env) child(schedule, crash string, env ...string) *testenv.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1",
-		"LOCKS_POSTGRES_URL="+e.pgURL, "LOCKS_NATS_URL="+e.nats.URL, "LOCKS_RETRY_SCHEDULE="+schedule,
+	out := testenv.ChildLog(e.t, "child: ", func(l string) bool { return strings.Contains(l, "EVENTS consumer") })
+	return testenv.StartChild(e.t, out, append([]string{childEnv + "=1",
+		"LOCKS_POSTGRES_URL=" + e.pgURL, "LOCKS_NATS_URL=" + e.nats.URL, "LOCKS_RETRY_SCHEDULE=" + schedule,
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_WEBHOOK_TIMEOUT=1s", "LOCKS_PARTITIONS=4",
-		crashpoint.Env+"="+crash)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdout = logWriter{e.t, "child: "}
-	cmd.Stderr = logWriter{e.t, "child: "}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			c.code = ee.ExitCode()
-		}
-		close(c.done)
-	}()
-	e.t.Cleanup(func() { c.stop(e.t) })
-	return c
-}
-
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (c *child) stop(t testing.TB) {
-	if c.exited() {
-		return
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(20 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-		t.Errorf("child notifier did not stop on SIGTERM within 20s")
-	}
+		crashpoint.Env + "=" + crash}, env...)...)
 }
 
 // TestCrashAndNATSRestart kills the notifier at its worst moments, restarts NATS, starts a
@@ -116,9 +51,9 @@ func TestCrashAndNATSRestart(t *testing.T) {
 			e.subscribe("c1", "s1")
 			first := e.child("1500ms", tc.crash)
 			e.publish(testEvent("s1", 1, 1))
-			testenv.Eventually(t, 15*time.Second, "the child to die at "+tc.crash, first.exited)
-			if first.code != crashpoint.ExitCode {
-				t.Fatalf("child exited with %d, want %d (crash point %s)", first.code, crashpoint.ExitCode, tc.crash)
+			testenv.Eventually(t, 15*time.Second, "the child to die at "+tc.crash, first.Exited)
+			if first.ExitCode() != crashpoint.ExitCode {
+				t.Fatalf("child exited with %d, want %d (crash point %s)", first.ExitCode(), crashpoint.ExitCode, tc.crash)
 			}
 			before := rc.count()
 			if want := map[bool]int{true: 1, false: 0}[tc.failFirst]; before != want {
@@ -149,9 +84,9 @@ func TestCrashAndNATSRestart(t *testing.T) {
 			if state != StateDelivered || attempts != tc.wantHits {
 				t.Fatalf("row %s after %d attempts", state, attempts)
 			}
-			second.stop(t)
-			if second.code != 0 {
-				t.Fatalf("second child exited with %d", second.code)
+			second.Stop(t, 20*time.Second)
+			if second.ExitCode() != 0 {
+				t.Fatalf("second child exited with %d", second.ExitCode())
 			}
 		})
 	}

@@ -15,8 +15,13 @@ type DeadLetters struct {
 	db DB
 }
 
-// NewDeadLetters serves the dead letters of the delivery table in db.
-func NewDeadLetters(db DB) *DeadLetters { return &DeadLetters{db: db} }
+// DeadLettersDeps are what the dead letters are read from: the delivery table in PG.
+type DeadLettersDeps struct {
+	PG DB
+}
+
+// NewDeadLetters serves the dead letters of the delivery table in d.PG.
+func NewDeadLetters(d DeadLettersDeps) *DeadLetters { return &DeadLetters{db: d.PG} }
 
 // ListDead lists a client's dead deliveries, oldest dead first, after the one with id
 // afterID (0 for the first page), at most limit (1 to 1000).

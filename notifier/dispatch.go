@@ -36,7 +36,7 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		if free < n.cfg.MaxInFlight/4 && busyLoop {
 			free = n.gatherSlots(ctx, free)
 		}
-		now := time.Now()
+		now := n.clock.Now()
 		cs, err := claim(ctx, n.db, n.ep.capacity(now), min(free, n.cfg.Batch), rand.Int64(), n.lease)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -90,11 +90,11 @@ func (n *Notifier) work(ctx context.Context, c claimed) {
 	}
 	for {
 		r := n.attempt(ctx, c)
-		if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, r.latency, time.Now()) {
+		if !r.aborted && n.ep.release(c.clientID, r.state == StateDelivered, r.latency, n.clock.Now()) {
 			n.m.breaker.Inc()
 			n.log.Warn("circuit opened for a failing webhook endpoint", "client", c.clientID, "status", r.status, "err", r.errText)
 		} else if r.aborted {
-			n.ep.release(c.clientID, true, 0, time.Now())
+			n.ep.release(c.clientID, true, 0, n.clock.Now())
 		}
 		n.results <- r
 		next, ok, back, more := n.ep.next(c.clientID, ctx.Err() != nil, fresh)

@@ -21,9 +21,7 @@ import (
 // one soon holds one or two slots at most.
 type endpoints struct {
 	perEndpoint int
-	threshold   int
-	cooldown    time.Duration
-	maxCooldown time.Duration
+	breakerPolicy
 
 	mu sync.Mutex
 	m  map[string]*endpoint
@@ -47,29 +45,74 @@ const (
 )
 
 type endpoint struct {
-	limit     int
-	inflight  int
-	queue     []claimed // claimed, waiting for a slot of this endpoint (FIFO)
-	slow      bool      // the last answer took queueFastAnswer or more: queue nothing
+	limit    int
+	inflight int
+	queue    []claimed // claimed, waiting for a slot of this endpoint (FIFO)
+	slow     bool      // the last answer took queueFastAnswer or more: queue nothing
+	breaker
+}
+
+// breaker is one endpoint's circuit breaker: its consecutive failures, and once they reach
+// the threshold, until when it is open, its current cooldown and whether its half-open
+// probe is under way.
+type breaker struct {
 	fails     int
 	openUntil time.Time
 	cooldown  time.Duration
 	probing   bool
 }
 
+// breakerPolicy decides a breaker's transitions; its methods are pure.
+type breakerPolicy struct {
+	threshold   int
+	cooldown    time.Duration
+	maxCooldown time.Duration
+}
+
+// tripped: b is open or half-open.
+func (p breakerPolicy) tripped(b breaker) bool { return b.fails >= p.threshold }
+
+// lets says whether an endpoint with breaker b, inflight attempts under way and limit slots
+// may start one more attempt at now: a closed breaker while a slot is free; a tripped one
+// only once its cooldown is over, as the single half-open probe.
+func (p breakerPolicy) lets(b breaker, inflight, limit int, now time.Time) bool {
+	if p.tripped(b) {
+		return !now.Before(b.openUntil) && !b.probing && inflight == 0
+	}
+	return inflight < limit
+}
+
+// after is b once an attempt ended at now (ok: a 2xx). A success closes it; the failure that
+// reaches the threshold, or of a probe, opens it for a cooldown that doubles from the
+// policy's up to maxCooldown while probes keep failing. opened says this outcome opened it.
+func (p breakerPolicy) after(b breaker, ok bool, now time.Time) (next breaker, opened bool) {
+	wasProbe := b.probing
+	b.probing = false
+	if ok {
+		b.fails, b.cooldown = 0, 0
+		return b, false
+	}
+	b.fails++
+	if !wasProbe && b.fails != p.threshold {
+		return b, false
+	}
+	if b.cooldown == 0 {
+		b.cooldown = p.cooldown
+	} else {
+		b.cooldown = min(2*b.cooldown, p.maxCooldown)
+	}
+	b.openUntil = now.Add(b.cooldown)
+	return b, true
+}
+
 func newEndpoints(per, threshold int, cooldown, maxCooldown time.Duration) *endpoints {
-	return &endpoints{perEndpoint: per, threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown, m: map[string]*endpoint{}, changedAt: map[string]time.Time{}}
+	return &endpoints{perEndpoint: per, breakerPolicy: breakerPolicy{threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown},
+		m: map[string]*endpoint{}, changedAt: map[string]time.Time{}}
 }
 
 // canTake is whether e may take one more attempt now; e's lock is held.
 func (es *endpoints) canTake(e *endpoint, now time.Time) bool {
-	if e.fails >= es.threshold {
-		if now.Before(e.openUntil) || e.probing || e.inflight > 0 {
-			return false // open, or half-open with its probe under way
-		}
-		return true
-	}
-	return e.inflight < e.limit
+	return es.lets(e.breaker, e.inflight, e.limit, now)
 }
 
 // capacity is what every endpoint this process knows can take now.
@@ -80,7 +123,7 @@ func (es *endpoints) capacity(now time.Time) capacity {
 	for id, e := range es.m {
 		free := 0
 		switch {
-		case e.fails >= es.threshold: // open, or half-open: one probe
+		case es.tripped(e.breaker): // open, or half-open: one probe
 			if es.canTake(e, now) {
 				free = 1
 			}
@@ -108,7 +151,7 @@ func (es *endpoints) acquire(client string, now time.Time) bool {
 	if !es.canTake(e, now) {
 		return false
 	}
-	if e.fails >= es.threshold {
+	if es.tripped(e.breaker) {
 		e.probing = true
 	}
 	e.inflight++
@@ -135,23 +178,7 @@ func (es *endpoints) release(client string, ok bool, took time.Duration, now tim
 		e.limit = min(maxPerEndpoint, e.limit+1)
 	}
 	e.slow = took >= queueFastAnswer
-	wasProbe := e.probing
-	e.probing = false
-	switch {
-	case ok:
-		e.fails, e.cooldown = 0, 0
-	default:
-		e.fails++
-		if wasProbe || e.fails == es.threshold {
-			if e.cooldown == 0 {
-				e.cooldown = es.cooldown
-			} else {
-				e.cooldown = min(2*e.cooldown, es.maxCooldown)
-			}
-			e.openUntil = now.Add(e.cooldown)
-			opened = true
-		}
-	}
+	e.breaker, opened = es.after(e.breaker, ok, now)
 	if e.inflight == 0 && e.fails == 0 && e.limit == es.perEndpoint && len(e.queue) == 0 {
 		delete(es.m, client)
 	}
@@ -167,7 +194,7 @@ func (es *endpoints) reset(client string) {
 	if e == nil {
 		return
 	}
-	e.fails, e.cooldown, e.openUntil, e.probing = 0, 0, time.Time{}, false
+	e.breaker = breaker{}
 	e.limit = max(e.limit, es.perEndpoint)
 	if e.inflight == 0 && len(e.queue) == 0 {
 		delete(es.m, client)
@@ -179,5 +206,5 @@ func (es *endpoints) open(client string) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	e := es.m[client]
-	return e != nil && e.fails >= es.threshold
+	return e != nil && es.tripped(e.breaker)
 }

@@ -61,9 +61,9 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		// partition is searched.
 		// Nested loops off for the update (JIT for the rest of the transaction): it joins its rows with
 		// the outcomes by id, and a plan kept for the statement (generic, taking the
-		// outcomes for 10 rows) compared every row with every outcome, 128,000 comparisons
-		// for 358 rows. The LATERAL probes have no other plan and keep theirs. JIT off with
-		// it: the probes' plans then cost more than jit_above_cost, and compiling one took 2 s.
+		// outcomes for 10 rows) compared every row with every outcome, quadratic in the
+		// batch. The LATERAL probes have no other plan and keep theirs. JIT off with it: the
+		// probes' plans then cost more than jit_above_cost, and compiling one took seconds.
 		// Generic plans and no sequential scans for the lock and the update, as in claim.
 		b := &pgx.Batch{}
 		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),

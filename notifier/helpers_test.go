@@ -40,12 +40,7 @@ const (
 
 // TestMain runs the notifier as a child process when childEnv is set (crash tests), with
 // its configuration from the LOCKS_* variables, until SIGTERM or a crash point.
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(runChild())
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
 
 func runChild() int {
 	cfg, err := config.Load(nil, nil, nil)

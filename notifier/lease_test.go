@@ -78,9 +78,7 @@ func TestNotifierLeaseTakeover(t *testing.T) {
 		}
 		e.publish(evs...)
 		if chunk == 7 {
-			if err := a.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
+			a.Kill()
 			killed = time.Now()
 		}
 		time.Sleep(100 * time.Millisecond)

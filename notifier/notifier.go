@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
@@ -42,6 +43,7 @@ type Notifier struct {
 	js     jetstream.JetStream
 	db     *pgxpool.Pool
 	log    *slog.Logger
+	clock  clock.Clock
 	policy Policy
 	lease  time.Duration
 	send   *sender
@@ -88,7 +90,7 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 		return nil, err
 	}
 	n := &Notifier{
-		cfg: cfg, js: d.JS, db: d.PG, log: d.Logger.With("part", "notifier"),
+		cfg: cfg, js: d.JS, db: d.PG, log: d.Logger.With("part", "notifier"), clock: clock.Or(d.Clock),
 		policy:    Policy{Schedule: append([]time.Duration(nil), cfg.RetrySchedule...)},
 		lease:     cfg.WebhookTimeout + 30*time.Second,
 		send:      newSender(cfg.WebhookTimeout, cfg.WebhookAllowPrivate),
@@ -121,11 +123,9 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 			Help: "Events taken in after a newer revision of the same sensor for the same client (recorded superseded, never sent): should stay 0."}),
 		clients: newClientMetrics(cfg.MetricsMaxClients),
 	}
-	for _, c := range append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency, n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late},
-		n.m.clients.collectors()...) {
-		if err := d.Registerer.Register(c); err != nil {
-			return nil, fmt.Errorf("notifier: register metrics: %w", err)
-		}
+	if err := part.Register(d.Registerer, "notifier", append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency,
+		n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late}, n.m.clients.collectors()...)...); err != nil {
+		return nil, err
 	}
 	var err error
 	if n.gaps, err = logread.NewGaps(d.Registerer, n.log, Name); err != nil {

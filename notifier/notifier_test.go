@@ -292,7 +292,7 @@ func TestDeadAndRedrive(t *testing.T) {
 	e.start()
 	e.publish(testEvent("s1", 1, 1), testEvent("s2", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "two dead deliveries", func() bool {
-		d, err := NewDeadLetters(e.pool).ListDead(t.Context(), "c1", 0, 10)
+		d, err := NewDeadLetters(DeadLettersDeps{PG: e.pool}).ListDead(t.Context(), "c1", 0, 10)
 		return err == nil && len(d) == 2
 	})
 	// s2 has a newer event meanwhile (delivered while the receiver is up): its dead revision 1
@@ -300,11 +300,11 @@ func TestDeadAndRedrive(t *testing.T) {
 	up.Store(true)
 	e.publish(testEvent("s2", 2, 0))
 	testenv.Eventually(t, 10*time.Second, "s2 revision 2", func() bool { return rc.count() >= 5 })
-	dead, err := NewDeadLetters(e.pool).ListDead(t.Context(), "c1", 0, 10)
+	dead, err := NewDeadLetters(DeadLettersDeps{PG: e.pool}).ListDead(t.Context(), "c1", 0, 10)
 	if err != nil || len(dead) != 2 || dead[0].Attempts != 2 || dead[0].LastStatus != http.StatusGone || dead[0].Event.ID == "" {
 		t.Fatalf("dead %+v, err %v", dead, err)
 	}
-	n, err := NewDeadLetters(e.pool).Redrive(t.Context(), "c1", time.Now().Add(-time.Hour), time.Now().Add(time.Minute))
+	n, err := NewDeadLetters(DeadLettersDeps{PG: e.pool}).Redrive(t.Context(), "c1", time.Now().Add(-time.Hour), time.Now().Add(time.Minute))
 	if err != nil || n != 1 {
 		t.Fatalf("Redrive = %d, %v; want 1 (s1 only)", n, err)
 	}
@@ -325,7 +325,7 @@ func TestDeadAndRedrive(t *testing.T) {
 		}
 		return false
 	})
-	if d, _ := NewDeadLetters(e.pool).ListDead(t.Context(), "c1", 0, 10); len(d) != 0 {
+	if d, _ := NewDeadLetters(DeadLettersDeps{PG: e.pool}).ListDead(t.Context(), "c1", 0, 10); len(d) != 0 {
 		t.Fatalf("still dead after redrive: %+v", d)
 	}
 }

@@ -60,6 +60,17 @@ func (p Policy) Delay(attempt int, u float64, retryAfter time.Duration) time.Dur
 	return d
 }
 
+// afterFailure decides what follows the failed attempt number attempt of a schedule, given
+// jitter u in [0,1) and the response's status and Retry-After header as read at now: pending
+// again after delay, or dead when the schedule is used up.
+func (p Policy) afterFailure(attempt int, u float64, status int, retryAfter string, now time.Time) (state string, delay time.Duration) {
+	d := p.Delay(attempt, u, RetryAfter(status, retryAfter, now))
+	if d == Stop {
+		return StateDead, 0
+	}
+	return StatePending, d
+}
+
 // RetryAfter parses a Retry-After header (delta seconds or an HTTP date) of a 429 or 503
 // response; 0 means none or unusable.
 func RetryAfter(status int, h string, now time.Time) time.Duration {

@@ -222,7 +222,7 @@ func TestQueuedRowsReadAfreshAfterChange(t *testing.T) {
 	if _, err := e.pool.Exec(t.Context(), `UPDATE clients SET webhook_url = $1, version = version + 1 WHERE id = 'c1'`, srv.URL); err != nil {
 		t.Fatal(err)
 	}
-	if err := NewControls(e.pool, e.nats.JS.Conn()).Changed("c1"); err != nil {
+	if err := NewControls(ControlsDeps{PG: e.pool, NC: e.nats.JS.Conn()}).Changed("c1"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 5*time.Second, "the change to reach the notifier", func() bool {

@@ -97,10 +97,8 @@ func (c Config) Validate() error {
 		// Per-message TTLs are whole seconds on the server.
 		return fmt.Errorf("watchdog: lost_after must be >= 1s, got %s", c.LostAfter)
 	}
-	for _, p := range c.Partitions {
-		if p < 0 || p >= c.PartitionCount {
-			return fmt.Errorf("watchdog: owned partition %d out of range 0-%d", p, c.PartitionCount-1)
-		}
+	if err := c.Partitions.Check(c.PartitionCount); err != nil {
+		return fmt.Errorf("watchdog: owned %w", err)
 	}
 	return nil
 }

@@ -3,10 +3,8 @@ package watchdog
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 	"testing"
@@ -18,17 +16,13 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // childEnv switches the test binary into running a watchdog (see TestMain).
 const childEnv = "LOCKS_WATCHDOG_TEST_CHILD"
 
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		os.Exit(runChild())
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
 
 // runChild runs a watchdog from LOCKS_TEST_* variables until SIGTERM (or a crash point).
 func runChild() int {
@@ -71,32 +65,25 @@ func TestCrashAfterFact(t *testing.T) {
 	e := newEnv(t, lostAfter)
 	pgURL := e.pg.Config().ConnString()
 	f := e.collectFacts()
-	child := func(crash string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=1",
+	child := func(crash string) *testenv.Child {
+		return testenv.StartChild(t, os.Stderr, childEnv+"=1",
 			"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+pgURL,
 			"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
 			crashpoint.Env+"="+crash)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
 	}
 	first := child("watchdog.after_fact")
-	exited := make(chan error, 1)
-	go func() { exited <- first.Wait() }()
 	e.reading("crashy")
 	select {
-	case err := <-exited:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
-			t.Fatalf("child exited with %v, want the crash point's %d", err, crashpoint.ExitCode)
+	case <-first.Done():
+		if first.ExitCode() != crashpoint.ExitCode {
+			t.Fatalf("child exited with %d, want the crash point's %d", first.ExitCode(), crashpoint.ExitCode)
 		}
 	case <-time.After(20 * time.Second):
-		_ = first.Process.Kill()
+		first.Kill()
 		t.Fatal("the child did not reach the crash point")
 	}
+	// Acknowledged before the crash; the collector's subscription may still be behind.
+	testenv.Eventually(t, 10*time.Second, "the fact appended before the crash", func() bool { return len(f.of("crashy")) >= 1 })
 	if n := len(f.of("crashy")); n != 1 {
 		t.Fatalf("%d facts after the crash, want the 1 appended before it", n)
 	}
@@ -111,11 +98,7 @@ func TestCrashAfterFact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := child("")
-	defer func() {
-		_ = second.Process.Signal(syscall.SIGTERM)
-		_ = second.Wait()
-	}()
+	child("") // stopped at the end of the test
 	// The restarted watchdog settles the marker: the key says declared, and no second fact.
 	deadline := time.Now().Add(15 * time.Second)
 	for {

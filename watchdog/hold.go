@@ -35,7 +35,7 @@ const declareBurstWait = 20 * time.Millisecond
 
 // addCandidate holds an expiry of sensor and wakes the declare loop.
 func (w *Watchdog) addCandidate(sensor string, c candidate) {
-	now := time.Now()
+	now := w.clock.Now()
 	w.mu.Lock()
 	// Held since the first expiry of this silence that is still held: a second one (the
 	// sweep's, or a marker replayed after a reconnect) does not restart the bound.
@@ -146,7 +146,7 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	failErr := w.takeFailures()
 	// Asked every round, so that a recovery is seen even while nothing is held.
 	behind := w.upstream.behind(ctx)
-	now := time.Now()
+	now := w.clock.Now()
 	w.mu.Lock()
 	if len(w.held) == 0 {
 		w.held, w.heldPeak = shrunk(w.held, w.heldPeak)
@@ -179,9 +179,8 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 		if _, ok := w.settling[s]; ok {
 			continue // its earlier expiry is being settled: this one waits for the outcome
 		}
-		// Due: its partition has applied every reading stored before it, upstream too.
-		ok := upTo != nil && c.at.UnixNano() <= upTo[partition.Of(s, w.cfg.PartitionCount)]
-		c.overdue = !ok && now.Sub(c.heldSince) >= w.cfg.MaxHold
+		var ok bool
+		ok, c.overdue = heldDue(c, upTo[partition.Of(s, w.cfg.PartitionCount)], upTo != nil, now, w.cfg.MaxHold)
 		if ok || c.overdue {
 			due = append(due, job{s, c})
 			delete(w.held, s)
@@ -195,6 +194,16 @@ func (w *Watchdog) declareRound(ctx context.Context) error {
 	w.setHeldGauges(n, oldest, now)
 	w.enqueue(ctx, readings, due)
 	return errors.Join(failErr, lagErr)
+}
+
+// heldDue decides whether a held expiry c goes to settle now. caught: its partition has
+// applied every reading stored before the expiry (known says whether the partitions'
+// progress was asked; upTo is the partition's, unix ns; unknown progress counts as behind,
+// and so does the upstream's lag: declareRound then does not ask). overdue: not caught,
+// but held for maxHold by now, so a backlog that does not drain hides no silent sensor.
+func heldDue(c candidate, upTo int64, known bool, now time.Time, maxHold time.Duration) (caught, overdue bool) {
+	caught = known && c.at.UnixNano() <= upTo
+	return caught, !caught && now.Sub(c.heldSince) >= maxHold
 }
 
 // readingsStream is READINGS, looked up once: a round then costs no stream info request.

@@ -1,9 +1,9 @@
 package watchdog
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 type metrics struct {
@@ -38,10 +38,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	for _, c := range []prometheus.Collector{m.refreshes, m.coalesced, m.untracked, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared, m.repairs, m.held, m.oldestHeld, m.queued, m.declaredAtMaxHold, m.delay, m.markerLag} {
-		if err := reg.Register(c); err != nil {
-			return m, fmt.Errorf("watchdog metrics: %w", err)
-		}
-	}
-	return m, nil
+	err := part.Register(reg, "watchdog", m.refreshes, m.coalesced, m.untracked, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared,
+		m.repairs, m.held, m.oldestHeld, m.queued, m.declaredAtMaxHold, m.delay, m.markerLag)
+	return m, err
 }

@@ -45,6 +45,31 @@ func (w *Watchdog) settleDeferred(ctx context.Context, readings jetstream.Stream
 	return w.decide(ctx, sensor, c, last)
 }
 
+// verdict is what an expiry comes to (judge).
+type verdict int
+
+const (
+	// silent: no reading for lost_after; the liveness_timeout fact is appended.
+	silent verdict = iota
+	// stillAlive: the last reading is younger than lost_after (the key expired because the
+	// watchdog was behind); the key is refreshed for the time left.
+	stillAlive
+	// alreadyDeclared: the last message is a liveness_timeout; the key is marked declared.
+	alreadyDeclared
+)
+
+// judge decides an expiry from the sensor's last message in READINGS, its lost_after and
+// the time now; left is the time left when the sensor is still alive.
+func judge(last event.Log, lostAfter time.Duration, now time.Time) (v verdict, left time.Duration) {
+	if last.Kind == event.KindLivenessTimeout {
+		return alreadyDeclared, 0
+	}
+	if left := lostAfter - now.Sub(last.ReceivedTime); left > 0 {
+		return stillAlive, left
+	}
+	return silent, 0
+}
+
 // decide settles one expiry given last, the sensor's last message in READINGS (read after
 // the expiry); see settleDeferred.
 func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last *jetstream.RawStreamMsg) (*declaredMark, error) {
@@ -62,14 +87,15 @@ func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last 
 	if c.expect {
 		expect = append(expect, jetstream.WithExpectLastSequencePerSubject(c.rev))
 	}
-	if l.Kind == event.KindLivenessTimeout {
+	lostAfter := w.lostAfter(sensor)
+	now := w.clock.Now()
+	v, left := judge(l, lostAfter, now)
+	switch v {
+	case alreadyDeclared:
 		w.m.alreadyDeclared.Inc()
 		// Declared before (e.g. we stopped before marking the key): mark it now.
 		return nil, w.markDeclared(ctx, sensor, last, expect)
-	}
-	lostAfter := w.lostAfter(sensor)
-	now := time.Now()
-	if left := lostAfter - now.Sub(l.ReceivedTime); left > 0 {
+	case stillAlive:
 		// A reading younger than lost_after: the key expired because we were behind.
 		w.m.refreshedOnCheck.Inc()
 		_, err := w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(sensor), Data: encodeValue(l.ReceivedTime, last.Sequence, false), Header: nats.Header{}},

@@ -144,7 +144,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (repairs int, err error) {
 		w.log.Warn("reconciliation: liveness key differed from sensor_state; repaired",
 			"sensor", s.sensor, "last_seen", s.lastSeen, "last_seq", s.lastSeq, "key_revision", rev, "left", left)
 		if left <= 0 {
-			w.addCandidate(s.sensor, candidate{rev: rev, expect: true, at: time.Now()})
+			w.addCandidate(s.sensor, candidate{rev: rev, expect: true, at: w.clock.Now()})
 			continue
 		}
 		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(s.sensor), Data: encodeValue(s.lastSeen, s.lastSeq, false), Header: nats.Header{}},

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/part"
@@ -27,6 +28,8 @@ type Deps struct {
 	PG         *pgxpool.Pool
 	// Lag is asked before held expiries are declared; see RabbitLag.
 	Lag LagFunc
+	// Clock is the time the decisions read; nil is the system clock.
+	Clock clock.Clock
 }
 
 // Name is the watchdog's name in the partition leases (leases_watchdog) and the fence rows.
@@ -41,6 +44,8 @@ type Watchdog struct {
 	js  jetstream.JetStream
 	pg  *pgxpool.Pool
 	log *slog.Logger
+	// clock is Deps.Clock: the time of the hold and settle decisions.
+	clock clock.Clock
 	// leases gives this process its partitions (the fixed ones, or its share); each runs in own.
 	leases *lease.Assigner
 	// setAside records the READINGS messages that can never refresh a key.
@@ -94,7 +99,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 	}
 	log := d.Logger.With("part", "watchdog")
 	w := &Watchdog{
-		cfg: cfg, js: d.JS, pg: d.PG, log: log,
+		cfg: cfg, js: d.JS, pg: d.PG, log: log, clock: clock.Or(d.Clock),
 		upstream: newUpstream(d.Lag, d.JS.Conn(), cfg.CatchUpGrace, log),
 		parts:    map[int]*partState{},
 		held:     map[string]candidate{},
@@ -141,7 +146,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		return w.every(gctx, w.cfg.OverridesEvery, w.loadOverrides, "reload lost_after overrides")
 	})
 	g.Go(func() error {
-		return w.every(gctx, w.cfg.PruneEvery, func(context.Context) error { w.pruneWritten(time.Now()); return nil }, "prune refresh deadlines")
+		return w.every(gctx, w.cfg.PruneEvery, func(context.Context) error { w.pruneWritten(w.clock.Now()); return nil }, "prune refresh deadlines")
 	})
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.SweepEvery, func(ctx context.Context) error { _, err := w.Sweep(ctx); return err }, "reconciliation sweep")

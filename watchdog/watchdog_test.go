@@ -118,7 +118,7 @@ func TestSettleIsIdempotent(t *testing.T) {
 	if n := len(f.of("dup")); n != 0 {
 		t.Fatalf("%d facts before lost_after, want 0", n)
 	}
-	time.Sleep(lostAfter)
+	w.clock = laterClock{lostAfter} // lost_after has passed, for settle
 	// Concurrent and repeated settling of the same expiry, as a restart would redo it.
 	var wg sync.WaitGroup
 	for i := 0; i < 3; i++ {

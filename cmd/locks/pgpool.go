@@ -14,8 +14,8 @@ const poolSpare = 8
 // poolSize is the Postgres pool's size: pool_max_conns when the URL sets it, else one
 // connection per partition plus poolSpare (at least pgx's default). With pgx's max(4, CPUs)
 // the state projector's partitions, each a transaction at a time, waited for a connection
-// for 0.5–1.2 ms per reading in the e2e bench (4 partitions, 2 CPUs). Connections are opened
-// only as they are needed: the size is a bound.
+// on every reading in the e2e bench. Connections are opened only as they are needed: the
+// size is a bound.
 func poolSize(url string, parsed int32, partitions int) int32 {
 	if strings.Contains(url, "pool_max_conns") {
 		return parsed

@@ -124,7 +124,7 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	}
 	if o.rebase {
 		// The live state projector picks the rebased checkpoints up by itself.
-		_, err := state.Rebase(ctx, js, pool, o.fromSeq, log)
+		_, err := state.Rebase(ctx, state.RebaseConfig{FromSeq: o.fromSeq}, state.RebuildDeps{JS: js, PG: pool, Logger: log})
 		return err
 	}
 	var tty *os.File

@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +25,6 @@ import (
 	"github.com/lock-sensors/lock-sensors/history"
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/logfmt"
-	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
@@ -217,7 +215,8 @@ func buildPart(name string, d deps) (runner, error) {
 		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
 			StateSeenInterval: d.cfg.StateSeenInterval},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
-				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn()), Health: hl.Server()})
+				DeadLetters: notifier.NewDeadLetters(notifier.DeadLettersDeps{PG: d.pg}),
+				Controls:    notifier.NewControls(notifier.ControlsDeps{PG: d.pg, NC: d.js.Conn()}), Health: hl.Server()})
 		if err != nil {
 			return nil, err
 		}
@@ -281,97 +280,44 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions, auto: o.auto, tracing: tr}
 
 	if usePG {
-		pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
-		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
-		}
-		// Names this process's sessions in pg_stat_activity (and lock waits) unless the URL or
-		// PGAPPNAME already does.
-		if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
-			pcfg.ConnConfig.RuntimeParams["application_name"] = "locks " + strings.Join(o.targets, ",")
-		}
-		// Short statements over partitioned tables pass the planner's JIT threshold, and
-		// compiling took 0.5-0.7 s of a claim that runs in 28 ms without it. The URL wins.
-		if pcfg.ConnConfig.RuntimeParams["jit"] == "" {
-			pcfg.ConnConfig.RuntimeParams["jit"] = "off"
-		}
-		pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
-		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
-		}
-		defer pool.Close()
-		d.pg = pool
-		reg.MustRegister(poolCollector{pool})
-		srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, pool) })
-	}
-	if useCH {
-		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
-		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
-		}
-		conn, err := clickhouse.Open(opts)
-		if err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
-		}
-		defer conn.Close()
-		d.ch = conn
-		srv.AddCheck("clickhouse", func(ctx context.Context) error { return migrations.ClickHouseReady(ctx, conn) })
-	}
-	if o.any(needsAMQP) {
-		probe := newAMQPProbe(cfg.AMQPURL)
-		defer probe.Close()
-		if err := probe.Check(ctx); err != nil {
-			return fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), redact.Error(err, cfg.AMQPURL))
-		}
-		srv.AddCheck("rabbitmq", probe.Check)
-	}
-
-	natsURL := cfg.NATSURL
-	var embedded *server.Server
-	if natsURL == "" {
-		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-			return &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
-		}
-		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, cfg.Partitions, log)
+		pool, err := openPostgres(ctx, cfg, o.targets, reg, srv)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			embedded.Shutdown()
-			embedded.WaitForShutdown()
-			log.Info("embedded NATS stopped")
-		}()
-		natsURL = embedded.ClientURL()
+		defer pool.Close()
+		d.pg = pool
 	}
-	nc, err := dialNATS(cfg, natsURL, "locks", embedded != nil, log, natsOptionsFor(o.targets)...)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	declare := natsx.Declare
-	if !cfg.NATSDeclare && embedded == nil {
-		declare = natsx.CheckDeclared // a part's NATS user may not declare
-	}
-	if err := declareStreams(ctx, js, cfg, natsURL, declare); err != nil {
-		return err
-	}
-	d.nc, d.js = nc, js
-	srv.AddCheck("nats", func(ctx context.Context) error {
-		if s := nc.Status(); s != nats.CONNECTED {
-			return fmt.Errorf("connection %s", s)
+	if useCH {
+		conn, err := openClickHouse(cfg, srv)
+		if err != nil {
+			return err
 		}
-		_, err := js.Stream(ctx, natsx.ReadingsStream)
+		defer conn.Close()
+		d.ch = conn
+	}
+	if o.any(needsAMQP) {
+		probe, err := checkAMQP(ctx, cfg, srv)
+		if err != nil {
+			return err
+		}
+		defer probe.Close()
+	}
+	nc, js, stopNATS, err := connectNATS(ctx, cfg, o.targets, srv, log)
+	if err != nil {
 		return err
-	})
+	}
+	defer stopNATS()
+	d.nc, d.js = nc, js
+	return runBuilt(ctx, d, o.targets, srv, ln, presence)
+}
 
+// runBuilt builds the targets' parts from d and runs them, with the ops server on ln and the
+// process's presence, until ctx is done (then within shutdownGrace) or one of them fails.
+func runBuilt(ctx context.Context, d deps, targets []string, srv *ops.Server, ln net.Listener, presence *processPresence) error {
+	log := d.log
 	var parts []runner
 	var names []string
-	for _, t := range o.targets {
+	for _, t := range targets {
 		p, err := buildPart(t, d)
 		if err != nil {
 			return fmt.Errorf("%s: %w", t, err)
@@ -381,7 +327,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ln) })
-	side, err := presence.runners(js, names, ln.Addr().String(), log)
+	side, err := presence.runners(d.js, names, ln.Addr().String(), log)
 	if err != nil {
 		return err
 	}
@@ -403,26 +349,7 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-		return nil
-	case <-ctx.Done():
-	}
-	log.Info("stopping", "grace", shutdownGrace)
-	notify(sdnotify.Stopping, log)
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-		log.Info("stopped cleanly")
-		return nil
-	case <-time.After(shutdownGrace):
-		return fmt.Errorf("parts did not stop within %s", shutdownGrace)
-	}
+	return awaitStop(ctx, done, log)
 }
 
 // newAlerter wires the alerter; it watches projection lag through a rebuild runner of its

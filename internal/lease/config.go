@@ -87,10 +87,8 @@ func (c Config) Validate() error {
 	case c.Renew <= 0 || c.Renew > c.TTL/2:
 		return fmt.Errorf("lease %s: renew period %s not in (0, ttl/2]", c.Name, c.Renew)
 	}
-	for _, p := range c.Partitions {
-		if p < 0 || p >= c.PartitionCount {
-			return fmt.Errorf("lease %s: partition %d out of range 0-%d", c.Name, p, c.PartitionCount-1)
-		}
+	if err := c.Partitions.Check(c.PartitionCount); err != nil {
+		return fmt.Errorf("lease %s: %w", c.Name, err)
 	}
 	return nil
 }

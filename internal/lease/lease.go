@@ -21,7 +21,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,10 +97,8 @@ func New(cfg Config, d Deps) (*Assigner, error) {
 			Help: "Partitions this process claimed."}),
 		held: map[int]*hold{}, running: map[int]chan struct{}{}, wake: make(chan struct{}, 1),
 	}
-	for _, c := range []prometheus.Collector{a.owned, a.lost, a.claims} {
-		if err := d.Registerer.Register(c); err != nil {
-			return nil, fmt.Errorf("lease %s metrics: %w", cfg.Name, err)
-		}
+	if err := part.Register(d.Registerer, "lease "+cfg.Name, a.owned, a.lost, a.claims); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -144,45 +141,15 @@ func (a *Assigner) Run(ctx context.Context, work Work) error {
 	}
 }
 
-// bucket looks the lease bucket up, creating it when missing; an existing one is kept as an
-// operator left it (replicas, storage).
-func (a *Assigner) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	kv, err := a.js.KeyValue(ctx, Bucket(a.cfg.Name))
-	if err == nil {
-		if st, serr := kv.Status(ctx); serr == nil && st.TTL() != a.cfg.TTL {
-			a.log.Warn("the lease bucket's TTL differs from this process's; the bucket's applies", "bucket_ttl", st.TTL(), "ttl", a.cfg.TTL)
-		}
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, err
-	}
-	return a.js.CreateKeyValue(ctx, natsx.LeasesConfig(natsx.StreamsConfig{LeaseTTL: a.cfg.TTL}, a.cfg.Name))
-}
-
 // round is one renewal: reap ended workers, drop lapsed or lost leases, announce this process,
 // then release extra partitions or claim free ones to reach the fair share.
 func (a *Assigner) round(ctx context.Context, work Work) error {
 	start := time.Now()
-	for p, h := range a.held {
-		select {
-		case <-h.done:
-			if h.err == nil {
-				// It ended with its context (this process stopping, or the lease dropped)
-				// before this round saw that: nothing to report.
-				continue
-			}
-			if !errors.Is(h.err, ErrFenced) {
-				return fmt.Errorf("partition %d: %w", p, h.err)
-			}
-			a.log.Warn("partition fenced: another process owns it now", "partition", p, "err", h.err)
-			a.drop(p, true)
-			a.lost.Inc()
-		default:
-		}
+	if err := a.reap(); err != nil {
+		return err
 	}
 	for p, h := range a.held {
-		if start.Sub(h.renewed) >= a.cfg.TTL {
+		if lapsed(h.renewed, start, a.cfg.TTL) {
 			// Paused or cut off past the TTL: another process may own it by now.
 			a.log.Warn("lease lapsed; partition stopped", "partition", p, "since_renewal", start.Sub(h.renewed))
 			a.drop(p, false)
@@ -220,19 +187,14 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 		}
 		return nil
 	}
-	target := (a.cfg.PartitionCount + members - 1) / members
-	if extra := len(a.held) - target; extra > 0 {
-		ps := slices.Sorted(maps.Keys(a.held))
-		for _, p := range ps[len(ps)-extra:] {
-			a.log.Info("partition released to balance the load", "partition", p, "members", members, "share", target)
-			a.drop(p, true)
-		}
+	pl := planRound(a.cfg.Owner, a.cfg.PartitionCount, members, slices.Collect(maps.Keys(a.held)), taken)
+	for _, p := range pl.release {
+		a.log.Info("partition released to balance the load", "partition", p, "members", members, "share", pl.share)
+		a.drop(p, true)
 	}
-	first := int(hash(a.cfg.Owner) % uint32(a.cfg.PartitionCount))
-	for i := 0; i < a.cfg.PartitionCount && len(a.held) < target; i++ {
-		p := (first + i) % a.cfg.PartitionCount
-		if taken[p] || a.held[p] != nil {
-			continue
+	for _, p := range pl.claim {
+		if len(a.held) >= pl.share {
+			break
 		}
 		rev, err := a.kv.Create(rctx, partitionKey(p), []byte(a.cfg.Owner))
 		if errors.Is(err, jetstream.ErrKeyExists) {
@@ -250,50 +212,27 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 	return nil
 }
 
-// renewKey writes partition p's lease again over revision rev, the last this process wrote.
-// A mismatch whose value still names this owner is its own earlier renewal, which reached the
-// server after the client had given up waiting for the answer: only this process writes its
-// owner id, so the lease is still its own and is written once more over that revision.
-func (a *Assigner) renewKey(ctx context.Context, p int, rev uint64) (uint64, error) {
-	key := partitionKey(p)
-	n, err := a.kv.Update(ctx, key, []byte(a.cfg.Owner), rev)
-	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return n, err
-	}
-	e, gerr := a.kv.Get(ctx, key)
-	if gerr != nil || string(e.Value()) != a.cfg.Owner || e.Revision() <= rev {
-		return 0, err
-	}
-	a.log.Info("a renewal that timed out had reached the server: the lease is still this process's", "partition", p)
-	return a.kv.Update(ctx, key, []byte(a.cfg.Owner), e.Revision())
-}
-
-// snapshot counts the live members (this one included) and the partitions with a lease.
-func (a *Assigner) snapshot(ctx context.Context) (int, map[int]bool, error) {
-	kl, err := a.kv.ListKeys(ctx)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer kl.Stop()
-	members, taken := 0, map[int]bool{}
-	self := false
-	for k := range kl.Keys() {
-		if m, ok := strings.CutPrefix(k, memberPrefix); ok {
-			members++
-			self = self || m == a.cfg.Owner
-		} else if n, ok := strings.CutPrefix(k, "p."); ok {
-			if p, err := strconv.Atoi(n); err == nil {
-				taken[p] = true
+// reap drops the partitions whose worker was fenced, and fails on a worker that ended
+// with any other error.
+func (a *Assigner) reap() error {
+	for p, h := range a.held {
+		select {
+		case <-h.done:
+			if h.err == nil {
+				// It ended with its context (this process stopping, or the lease dropped)
+				// before this round saw that: nothing to report.
+				continue
 			}
+			if !errors.Is(h.err, ErrFenced) {
+				return fmt.Errorf("partition %d: %w", p, h.err)
+			}
+			a.log.Warn("partition fenced: another process owns it now", "partition", p, "err", h.err)
+			a.drop(p, true)
+			a.lost.Inc()
+		default:
 		}
 	}
-	if ctx.Err() != nil {
-		return 0, nil, ctx.Err()
-	}
-	if !self {
-		members++
-	}
-	return members, taken, nil
+	return nil
 }
 
 // start runs work on p once the previous worker of p (if stopping) has ended and the fence

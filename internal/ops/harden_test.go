@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lock-sensors/lock-sensors/internal/ops"
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/lock-sensors/lock-sensors/migrations"
 )
@@ -51,7 +52,7 @@ func TestReadyzHidesErrorTextWithoutToken(t *testing.T) {
 	s := ops.New("127.0.0.1:0", prometheus.NewRegistry(), log)
 	s.AddCheck("postgres", check)
 	s.AddCheck("store", func(context.Context) error {
-		return ops.Public(errors.New("READINGS partition 3 is behind the state checkpoint; restore the store or run locks replay"))
+		return redact.Public(errors.New("READINGS partition 3 is behind the state checkpoint; restore the store or run locks replay"))
 	})
 	s.ShowDetailsTo(func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer right" })
 	base := serve(t, s)

@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
 // Check reports whether one dependency is usable; nil means ready.
@@ -98,20 +100,6 @@ func (s *Server) ShowDetailsTo(allow func(*http.Request) bool) {
 // Unavailable is what /readyz says of a failing check to a request that may not see details.
 const Unavailable = "unavailable"
 
-// publicError is a check's error whose text anyone may read.
-type publicError struct{ error }
-
-func (e publicError) Unwrap() error { return e.error }
-
-// Public marks err as safe to show on /readyz to anyone: its text names no host, user or
-// credential, only the state and the way out (a checkpoint ahead of its stream, say).
-func Public(err error) error {
-	if err == nil {
-		return nil
-	}
-	return publicError{err}
-}
-
 // AddCheck registers a readiness check under name (e.g. "postgres").
 func (s *Server) AddCheck(name string, c Check) {
 	s.mu.Lock()
@@ -130,7 +118,7 @@ func (s *Server) Ready(ctx context.Context) map[string]string {
 	return res
 }
 
-// ready is Ready, plus the redacted reasons: Unavailable, or the text of a Public error.
+// ready is Ready, plus the redacted reasons: Unavailable, or the text of an error marked redact.Public.
 func (s *Server) ready(ctx context.Context) (full, redacted map[string]string) {
 	s.mu.Lock()
 	checks := make(map[string]Check, len(s.checks))
@@ -148,8 +136,7 @@ func (s *Server) ready(ctx context.Context) (full, redacted map[string]string) {
 			status, shown := "ok", "ok"
 			if err := c(ctx); err != nil {
 				status, shown = err.Error(), Unavailable
-				var pe publicError
-				if errors.As(err, &pe) {
+				if redact.IsPublic(err) {
 					shown = status
 				}
 			}

@@ -99,10 +99,8 @@ func New(cfg Config, d Deps) (*Relay, error) {
 		batchFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_outbox_batch_failures_total",
 			Help: "Atomic batches refused or unanswered; their rows were published one by one."}),
 	}
-	for _, c := range []prometheus.Collector{r.relayed, r.dropped, r.failures, r.batches, r.batchFailures} {
-		if err := d.Registerer.Register(c); err != nil {
-			return nil, fmt.Errorf("outbox %s: register metrics: %w", cfg.Name, err)
-		}
+	if err := part.Register(d.Registerer, "outbox "+cfg.Name, r.relayed, r.dropped, r.failures, r.batches, r.batchFailures); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

@@ -1,5 +1,6 @@
 // Package part holds what every part's constructor shares: the one error for a missing
-// dependency, so that `New(cfg, deps)` of any part fails the same way.
+// dependency, so that `New(cfg, deps)` of any part fails the same way, and the registration
+// of its metrics.
 package part
 
 import (
@@ -7,6 +8,8 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ErrMissingDep is wrapped by every constructor refusing a nil dependency.
@@ -42,4 +45,15 @@ func isNil(v any) bool {
 		return r.IsNil()
 	}
 	return false
+}
+
+// Register registers every collector of a part (or of a piece it runs) with reg, failing on
+// the first that does not register, named by what.
+func Register(reg prometheus.Registerer, what string, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("%s: register metrics: %w", what, err)
+		}
+	}
+	return nil
 }

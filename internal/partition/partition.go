@@ -27,6 +27,17 @@ func Of(sensorID string, n int) int {
 // Set is a sorted list of partitions owned by one process.
 type Set []int
 
+// Check fails when a partition of s is not one of n: a set given as a list (a part's
+// Config.Partitions) is checked the way Parse checks a spec.
+func (s Set) Check(n int) error {
+	for _, p := range s {
+		if p < 0 || p >= n {
+			return fmt.Errorf("partition %d out of range 0-%d", p, n-1)
+		}
+	}
+	return nil
+}
+
 // All is every partition of n.
 func All(n int) Set {
 	s := make(Set, n)

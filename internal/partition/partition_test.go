@@ -42,3 +42,22 @@ func TestParse(t *testing.T) {
 		})
 	}
 }
+
+func TestSetCheck(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		s    partition.Set
+		n    int
+		fail bool
+	}{
+		{nil, 4, false},
+		{partition.Set{0, 3}, 4, false},
+		{partition.Set{4}, 4, true},
+		{partition.Set{-1}, 4, true},
+		{partition.Set{0}, 1, false},
+	} {
+		if err := tc.s.Check(tc.n); (err != nil) != tc.fail {
+			t.Errorf("%v.Check(%d) = %v, want failure %v", tc.s, tc.n, err, tc.fail)
+		}
+	}
+}

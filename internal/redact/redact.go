@@ -5,6 +5,7 @@
 package redact
 
 import (
+	"errors"
 	"net/url"
 	"slices"
 	"strings"
@@ -255,4 +256,25 @@ func HostOnlyError(err error, raw string) error {
 		}
 	}
 	return &redacted{err: err, text: text}
+}
+
+// publicError is an error whose text anyone may read.
+type publicError struct{ error }
+
+func (e publicError) Unwrap() error { return e.error }
+
+// Public marks err as safe to show to anyone (on /readyz without a token): its text names
+// no host, user or credential, only the state and the way out (a checkpoint ahead of its
+// stream, say).
+func Public(err error) error {
+	if err == nil {
+		return nil
+	}
+	return publicError{err}
+}
+
+// IsPublic reports whether err, or an error it wraps, was marked by Public.
+func IsPublic(err error) bool {
+	var pe publicError
+	return errors.As(err, &pe)
 }

@@ -2,6 +2,7 @@ package redact_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -92,5 +93,16 @@ func TestHostOnlyError(t *testing.T) {
 	err := redact.HostOnlyError(errors.New(`Post "https://hooks.example.com/services/T0/hunter2?token=hunter3": dial tcp: refused`), raw)
 	if strings.Contains(err.Error(), "hunter") {
 		t.Fatalf("HostOnlyError: %v", err)
+	}
+}
+
+func TestPublic(t *testing.T) {
+	t.Parallel()
+	plain := errors.New("dial tcp 10.0.0.5:5432: refused")
+	if redact.IsPublic(plain) || redact.Public(nil) != nil {
+		t.Fatal("an unmarked error is public, or Public(nil) is not nil")
+	}
+	if err := fmt.Errorf("state: %w", redact.Public(errors.New("checkpoint ahead of READINGS"))); !redact.IsPublic(err) {
+		t.Fatalf("%v: a wrapped public error is not public", err)
 	}
 }

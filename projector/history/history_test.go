@@ -188,6 +188,7 @@ func TestHelperHistoryProcess(t *testing.T) {
 	if natsURL == "" || chURL == "" {
 		return
 	}
+	crashpoint.ArmFromEnv()
 	log := testenv.Logger(t)
 	js := testenv.JetStream(t, natsURL, "history-child")
 	opts, err := clickhouse.ParseDSN(chURL)

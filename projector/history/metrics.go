@@ -1,9 +1,9 @@
 package history
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 type metrics struct {
@@ -40,10 +40,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}, []string{"table"}),
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.batches, m.errors, m.skipped, m.lag, m.buffered, m.insertSeconds} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("history: register metrics: %w", err)
-		}
+	if err := part.Register(reg, "history", m.rows, m.batches, m.errors, m.skipped, m.lag, m.buffered, m.insertSeconds); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

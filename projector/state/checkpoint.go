@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
-	"github.com/lock-sensors/lock-sensors/internal/ops"
+	"github.com/lock-sensors/lock-sensors/internal/redact"
 )
 
 // A checkpoint is a position in one READINGS stream, not in "the" log: when the NATS store
@@ -213,5 +213,5 @@ func (r *refusals) Ready(context.Context) error {
 	first := r.by[parts[0]]
 	// Public: it names a projection, partitions and sequences, no host or credential, and an
 	// operator looking at /readyz needs the way out.
-	return ops.Public(fmt.Errorf("%s projection refuses partition(s) %s: %v; %s", r.projection, strings.Join(names, ","), first, first.WayOut()))
+	return redact.Public(fmt.Errorf("%s projection refuses partition(s) %s: %v; %s", r.projection, strings.Join(names, ","), first, first.WayOut()))
 }

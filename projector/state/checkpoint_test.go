@@ -102,10 +102,10 @@ func TestStateRefusesCheckpointAheadOfStream(t *testing.T) {
 		t.Fatalf("rows applied while refused: %v", rows)
 	}
 
-	if _, err := Rebase(t.Context(), e.nats.JS, e.pg, 0, testenv.Logger(t)); err == nil || !strings.Contains(err.Error(), "--from-seq or --from-time") {
+	if _, err := Rebase(t.Context(), RebaseConfig{}, RebuildDeps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t)}); err == nil || !strings.Contains(err.Error(), "--from-seq or --from-time") {
 		t.Fatalf("rebase without a start: %v, want a refusal asking for --from-seq or --from-time", err)
 	}
-	res, err := Rebase(t.Context(), e.nats.JS, e.pg, 2, testenv.Logger(t))
+	res, err := Rebase(t.Context(), RebaseConfig{FromSeq: 2}, RebuildDeps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestStateRefusesCheckpointAheadOfStream(t *testing.T) {
 	if err := e.pg.QueryRow(t.Context(), `SELECT to_regclass('sensor_state_rebuild') IS NOT NULL OR EXISTS (SELECT FROM checkpoints WHERE projection = 'state_rebuild')`).Scan(&shadow); err != nil || shadow {
 		t.Fatalf("the shadow of the old checkpoints is still there (%v)", err)
 	}
-	if res, err := Rebase(t.Context(), e.nats.JS, e.pg, 0, testenv.Logger(t)); err != nil || len(res.Partitions) != 0 {
+	if res, err := Rebase(t.Context(), RebaseConfig{}, RebuildDeps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t)}); err != nil || len(res.Partitions) != 0 {
 		t.Fatalf("second rebase: %+v %v, want nothing to do", res, err)
 	}
 }

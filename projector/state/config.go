@@ -118,10 +118,8 @@ func (c Config) Validate() error {
 	case c.SeenInterval < 0 || c.SeenInterval > SeenIntervalMax:
 		return fmt.Errorf("state projector: seen interval %s not in 0..%s", c.SeenInterval, SeenIntervalMax)
 	}
-	for _, p := range c.Partitions {
-		if p < 0 || p >= c.PartitionCount {
-			return fmt.Errorf("state projector: partition %d out of range 0-%d", p, c.PartitionCount-1)
-		}
+	if err := c.Partitions.Check(c.PartitionCount); err != nil {
+		return fmt.Errorf("state projector: %w", err)
 	}
 	return nil
 }

@@ -7,9 +7,8 @@ package state
 //
 // The planner estimates an unnest at 100 rows and costs a nested loop into a partitioned
 // table as a probe of every partition per key, since it does not count the partitions
-// pruned at run time. So it hashes the keys and scans every partition whole: with 10,000
-// sensors, a state batch's UPDATE of 67 rows took 2 ms instead of 0.4 ms, and it grows with
-// the table. With hash and merge joins off for the transaction, each key is one index probe
+// pruned at run time. So it hashes the keys and scans every partition whole, several times
+// slower than probing for a batch's keys, and slower as the table grows. With hash and merge joins off for the transaction, each key is one index probe
 // of the one partition that can hold it (the Append prunes the others per key).
 //
 // Only for batches of a bounded size whose every key is looked up: a nested loop over many

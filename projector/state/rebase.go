@@ -3,11 +3,10 @@ package state
 import (
 	"context"
 	"fmt"
-	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/part"
 )
 
 // RebaseResult says what Rebase did.
@@ -22,6 +21,13 @@ type RebaseResult struct {
 	// ShadowDropped: the shadow of an unfinished rebuild followed the old checkpoints and
 	// was dropped.
 	ShadowDropped bool
+}
+
+// RebaseConfig is what Rebase restarts the checkpoints from.
+type RebaseConfig struct {
+	// FromSeq is the READINGS sequence the projection applies again from (0: the stream's
+	// first); needed when a checkpoint is merely ahead of the same stream.
+	FromSeq uint64
 }
 
 // Rebase is the way out of a checkpoint mismatch (see checkpoint.go) that keeps what
@@ -39,7 +45,12 @@ type RebaseResult struct {
 // running meanwhile fails and can be started again. Liveness the projector had deferred on
 // the old stream (seen.go) cannot be replayed from the new one: it stays as last written, at
 // most LOCKS_STATE_SEEN_INTERVAL old.
-func Rebase(ctx context.Context, js jetstream.JetStream, pg *pgxpool.Pool, fromSeq uint64, log *slog.Logger) (RebaseResult, error) {
+func Rebase(ctx context.Context, cfg RebaseConfig, d RebuildDeps) (RebaseResult, error) {
+	if err := part.Require("state rebase", part.Dep{Name: "Logger", Value: d.Logger}, part.Dep{Name: "JS", Value: d.JS},
+		part.Dep{Name: "PG", Value: d.PG}); err != nil {
+		return RebaseResult{}, err
+	}
+	js, pg, fromSeq, log := d.JS, d.PG, cfg.FromSeq, d.Logger
 	pos, err := readingsPosition(ctx, js)
 	if err != nil {
 		return RebaseResult{}, err

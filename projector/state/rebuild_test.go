@@ -401,6 +401,7 @@ func TestHelperRebuildProcess(t *testing.T) {
 	if os.Getenv("LOCKS_TEST_REBUILD_CHILD") != "1" {
 		return
 	}
+	crashpoint.ArmFromEnv()
 	n, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_PARTITIONS"))
 	js := testenv.JetStream(t, os.Getenv("LOCKS_TEST_NATS_URL"), "rebuild-child")
 	pg, err := pgxpool.New(t.Context(), os.Getenv("LOCKS_TEST_PG_URL"))

@@ -427,6 +427,7 @@ func TestHelperStateProcess(t *testing.T) {
 	if os.Getenv("LOCKS_TEST_STATE_CHILD") != "1" {
 		return
 	}
+	crashpoint.ArmFromEnv()
 	n, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_PARTITIONS"))
 	js := testenv.JetStream(t, os.Getenv("LOCKS_TEST_NATS_URL"), "state-child")
 	pg, err := pgxpool.New(t.Context(), os.Getenv("LOCKS_TEST_PG_URL"))

@@ -3,7 +3,7 @@
 // it is compared with, all from the same run. It rewrites only the text between the
 // `<!-- bench:begin -->` and `<!-- bench:end -->` markers, so the analysis around it stays.
 //
-//	go run ./internal/benchreport -in bench.out -out BENCHMARKS.md -cmd "go tool task bench"
+//	go run ./cmd/benchreport -in bench.out -out BENCHMARKS.md -cmd "go tool task bench"
 package main
 
 import (

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/ops"
+	"github.com/lock-sensors/lock-sensors/internal/redact"
+	"github.com/lock-sensors/lock-sensors/internal/sdnotify"
+	"github.com/lock-sensors/lock-sensors/migrations"
+)
+
+// openPostgres opens the pool the process's parts share, with its metrics and its readiness
+// check; the caller closes it.
+func openPostgres(ctx context.Context, cfg config.Config, targets []string, reg prometheus.Registerer, srv *ops.Server) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
+	if err != nil {
+		return nil, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
+	}
+	// Names this process's sessions in pg_stat_activity (and lock waits) unless the URL or
+	// PGAPPNAME already does.
+	if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "locks " + strings.Join(targets, ",")
+	}
+	// Short statements over partitioned tables pass the planner's JIT threshold, and
+	// compiling them costs far more than running them. The URL wins.
+	if pcfg.ConnConfig.RuntimeParams["jit"] == "" {
+		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
+	pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
+	}
+	reg.MustRegister(poolCollector{pool})
+	srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, pool) })
+	return pool, nil
+}
+
+// openClickHouse opens the ClickHouse connection, with its readiness check; the caller
+// closes it.
+func openClickHouse(cfg config.Config, srv *ops.Server) (driver.Conn, error) {
+	opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
+	if err != nil {
+		return nil, &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
+	}
+	conn, err := clickhouse.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
+	}
+	srv.AddCheck("clickhouse", func(ctx context.Context) error { return migrations.ClickHouseReady(ctx, conn) })
+	return conn, nil
+}
+
+// checkAMQP checks that RabbitMQ answers and makes that a readiness check; the caller
+// closes the probe.
+func checkAMQP(ctx context.Context, cfg config.Config, srv *ops.Server) (*amqpProbe, error) {
+	probe := newAMQPProbe(cfg.AMQPURL)
+	if err := probe.Check(ctx); err != nil {
+		_ = probe.Close()
+		return nil, fmt.Errorf("LOCKS_AMQP_URL=%s: %w", redact.URL(cfg.AMQPURL), redact.Error(err, cfg.AMQPURL))
+	}
+	srv.AddCheck("rabbitmq", probe.Check)
+	return probe, nil
+}
+
+// connectNATS connects to LOCKS_NATS_URL, or to an embedded server it starts when that is
+// empty, declares (or checks) the streams and adds the readiness check. stop closes the
+// connection and shuts the embedded server down.
+func connectNATS(ctx context.Context, cfg config.Config, targets []string, srv *ops.Server, log *slog.Logger) (nc *nats.Conn, js jetstream.JetStream, stop func(), err error) {
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll() // a failure closes what was opened before it
+		}
+	}()
+	natsURL := cfg.NATSURL
+	var embedded *server.Server
+	if natsURL == "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+			return nil, nil, nil, &config.Error{Var: "LOCKS_DATA_DIR", Value: cfg.DataDir, Reason: err.Error()}
+		}
+		embedded, err = natsx.Embedded(cfg.DataDir, cfg.NATSListen, cfg.NATSSync, cfg.Partitions, log)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		closers = append(closers, func() {
+			embedded.Shutdown()
+			embedded.WaitForShutdown()
+			log.Info("embedded NATS stopped")
+		})
+		natsURL = embedded.ClientURL()
+	}
+	nc, err = dialNATS(cfg, natsURL, "locks", embedded != nil, log, natsOptionsFor(targets)...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closers = append(closers, nc.Close)
+	if js, err = jetstream.New(nc); err != nil {
+		return nil, nil, nil, err
+	}
+	declare := natsx.Declare
+	if !cfg.NATSDeclare && embedded == nil {
+		declare = natsx.CheckDeclared // a part's NATS user may not declare
+	}
+	if err = declareStreams(ctx, js, cfg, natsURL, declare); err != nil {
+		return nil, nil, nil, err
+	}
+	srv.AddCheck("nats", func(ctx context.Context) error {
+		if s := nc.Status(); s != nats.CONNECTED {
+			return fmt.Errorf("connection %s", s)
+		}
+		_, err := js.Stream(ctx, natsx.ReadingsStream)
+		return err
+	})
+	return nc, js, closeAll, nil
+}
+
+// awaitStop waits for the parts (done) to end, or for ctx to end and then for the parts
+// to stop within shutdownGrace, telling systemd that the process is stopping.
+func awaitStop(ctx context.Context, done <-chan error, log *slog.Logger) error {
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("stopping", "grace", shutdownGrace)
+	notify(sdnotify.Stopping, log)
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+		log.Info("stopped cleanly")
+		return nil
+	case <-time.After(shutdownGrace):
+		return fmt.Errorf("parts did not stop within %s", shutdownGrace)
+	}
+}
