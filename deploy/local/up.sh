@@ -22,10 +22,10 @@ cat >&2 <<MSG
 [up] ready when http://$http/readyz answers 200; Ctrl-C stops everything.
 MSG
 if [ "${JAEGER:-}" = 1 ]; then
-  # Jaeger's all-in-one (deploy/jaeger), built once per version into the user's cache as
-  # the tests do (minutes the first time: its dependency tree is large), on its usual ports.
+  # Jaeger's all-in-one (deploy/jaeger), built once per version beside the Go build cache
+  # as the tests do (minutes the first time: its dependency tree is large), on its usual ports.
   ver=$(awk '$1 == "github.com/jaegertracing/jaeger" {print $2}' deploy/jaeger/go.mod)
-  jbin=${XDG_CACHE_HOME:-$HOME/.cache}/lock-sensors/jaeger-$ver-$(go env GOOS)-$(go env GOARCH)/jaeger
+  jbin=$(go env GOCACHE)/lock-sensors/jaeger-$ver-$(go env GOOS)-$(go env GOARCH)/jaeger
   if [ ! -x "$jbin" ]; then
     echo "[up] building Jaeger $ver (once; minutes)" >&2
     mkdir -p "$(dirname "$jbin")"

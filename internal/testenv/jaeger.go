@@ -188,8 +188,9 @@ var jaegerBin struct {
 }
 
 // JaegerBinary is the path of Jaeger's all-in-one at the version deploy/jaeger/go.mod pins,
-// built once per machine and kept in the user's cache directory by version (its build takes
-// minutes: its dependency tree is large). LOCKS_TEST_JAEGER_BIN names a binary to use instead.
+// built once per machine and kept by version in the Go build cache's directory
+// ($GOCACHE/lock-sensors/, which go's own trimming leaves alone; its first build takes
+// minutes: the dependency tree is large). LOCKS_TEST_JAEGER_BIN names a binary to use instead.
 func JaegerBinary() (string, error) {
 	jaegerBin.once.Do(func() { jaegerBin.path, jaegerBin.err = buildJaeger() })
 	return jaegerBin.path, jaegerBin.err
@@ -208,11 +209,13 @@ func buildJaeger() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", err
+	// Beside the Go build cache, so that CI's cache of it (actions/setup-go's) keeps the
+	// binary too; without it, the compiled packages in that cache make a rebuild a link.
+	gocache, err := exec.Command("go", "env", "GOCACHE").Output()
+	if c := strings.TrimSpace(string(gocache)); err != nil || c == "" || c == "off" {
+		return "", fmt.Errorf("go env GOCACHE: %q, %v", c, err)
 	}
-	dir := filepath.Join(cache, "lock-sensors", "jaeger-"+version+"-"+runtime.GOOS+"-"+runtime.GOARCH)
+	dir := filepath.Join(strings.TrimSpace(string(gocache)), "lock-sensors", "jaeger-"+version+"-"+runtime.GOOS+"-"+runtime.GOARCH)
 	bin := filepath.Join(dir, "jaeger")
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
