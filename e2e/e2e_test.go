@@ -52,6 +52,7 @@ func TestMain(m *testing.M) {
 // system is one `locks run --targets=all` process on private databases and queues.
 type system struct {
 	t      testing.TB
+	bin    string // the locks binary
 	pgURL  string
 	chDB   string
 	http   string
@@ -69,9 +70,15 @@ type syncBuffer = testenv.LogBuffer
 
 func start(t testing.TB, extraEnv ...string) *system {
 	t.Helper()
+	return startBin(t, locksBin, extraEnv...)
+}
+
+// startBin is start with another build of locks.
+func startBin(t testing.TB, bin string, extraEnv ...string) *system {
+	t.Helper()
 	chDB := testenv.Name("locks_e2e")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	s := &system{t: t, pgURL: testenv.PostgresURL(t), chDB: chDB, http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
+	s := &system{t: t, bin: bin, pgURL: testenv.PostgresURL(t), chDB: chDB, http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
 		rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
 	s.env = append(os.Environ(),
 		"LOCKS_POSTGRES_URL="+s.pgURL,
@@ -108,7 +115,7 @@ func start(t testing.TB, extraEnv ...string) *system {
 // directory, and waits until it is ready.
 func (s *system) launch() {
 	s.t.Helper()
-	cmd := exec.Command(locksBin, "run", "--targets=all")
+	cmd := exec.Command(s.bin, "run", "--targets=all")
 	cmd.Env = s.env
 	cmd.Stderr = s.log
 	cmd.Stdout = s.log
