@@ -71,6 +71,9 @@ func BenchmarkTracingOverhead(b *testing.B) {
 		for _, su := range setups {
 			m := median(per[su.name])
 			b.ReportMetric(m, su.name+"-cpu-µs/reading")
+			// The spread of its rounds, to judge a difference against (the log is cut short).
+			b.ReportMetric(slices.Min(per[su.name]), su.name+"-min-cpu-µs/reading")
+			b.ReportMetric(slices.Max(per[su.name]), su.name+"-max-cpu-µs/reading")
 			if su.name != "off" {
 				// How much more (or less) than this build with tracing off, in percent.
 				b.ReportMetric((m/off-1)*100, su.name+"-vs-off-%")
