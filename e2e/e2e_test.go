@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,6 +36,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	locksBin = filepath.Join(dir, "locks")
+	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
+	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
+	flag.Parse()
+	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
+		go func() { _, _ = testenv.JaegerBinary() }()
+	}
 	build := exec.Command("go", "build", "-o", locksBin, "../cmd/locks")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
