@@ -36,7 +36,7 @@ if [ "${JAEGER:-}" = 1 ]; then
   jaeger=$!
   trap 'kill "$jaeger" 2>/dev/null; wait "$jaeger" 2>/dev/null' EXIT
   export OTEL_EXPORTER_OTLP_ENDPOINT=${OTEL_EXPORTER_OTLP_ENDPOINT:-http://127.0.0.1:4318}
-  echo "[up] traces: Jaeger UI on http://${JAEGER_QUERY_HTTP:-127.0.0.1:16686} (OTLP to $OTEL_EXPORTER_OTLP_ENDPOINT)" >&2
+  echo "[up] traces: Jaeger's query API on http://${JAEGER_QUERY_HTTP:-127.0.0.1:16686}/api/traces?service=lock-sensors (OTLP to $OTEL_EXPORTER_OTLP_ENDPOINT)" >&2
   # Not exec: the shell stays to stop Jaeger when locks ends.
   "$bin" run --targets=all
   exit
