@@ -1,9 +1,11 @@
 package alerter
 
+import "github.com/lock-sensors/lock-sensors/internal/runbook"
+
 // RunbookBase is docs/runbook.md as operators read it. Every alert kind (RunbookURL) and
 // every Prometheus rule of deploy/prometheus/alerts.yml (its runbook_url annotation) links
 // to a section of it; docs/runbook_test.go fails when one has none.
-const RunbookBase = "https://github.com/lock-sensors/lock-sensors/blob/main/docs/runbook.md"
+const RunbookBase = runbook.Base
 
 // Kinds are the alert kinds the alerter can raise.
 func Kinds() []string {
@@ -16,4 +18,4 @@ func Kinds() []string {
 
 // RunbookURL is the runbook section of kind: what it means, how to confirm it, what to do
 // and how to know it is over. The section's heading is the kind itself.
-func RunbookURL(kind string) string { return RunbookBase + "#" + kind }
+func RunbookURL(kind string) string { return runbook.URL(kind) }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/lock-sensors/lock-sensors/internal/runbook"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -80,6 +81,7 @@ func scanAlert(r pgx.CollectableRow) (*locksv1.Alert, error) {
 		return nil, err
 	}
 	a.FiredTime, a.State = timestamppb.New(fired), locksv1.AlertState_ALERT_STATE_FIRING
+	a.RunbookUrl = runbook.URL(a.Kind)
 	if resolved != nil {
 		a.ResolvedTime, a.State = timestamppb.New(*resolved), locksv1.AlertState_ALERT_STATE_RESOLVED
 	}

@@ -3,6 +3,8 @@ package api
 import (
 	"net/http"
 	"testing"
+
+	"github.com/lock-sensors/lock-sensors/internal/runbook"
 )
 
 // GET /v1/alerts lists the alerter's alerts newest first with their notices, filters by
@@ -37,6 +39,9 @@ func TestListAlerts(t *testing.T) {
 	first := alerts[0].(map[string]any)
 	if first["kind"] != "mass_loss" || first["state"] != "ALERT_STATE_FIRING" || first["fired_time"] == nil || first["resolved_time"] != nil {
 		t.Errorf("newest alert %v", first)
+	}
+	if first["runbook_url"] != runbook.URL("mass_loss") {
+		t.Errorf("runbook_url %v, want the kind's section %s", first["runbook_url"], runbook.URL("mass_loss"))
 	}
 	if d, _ := first["details"].(map[string]any); d["n"] != float64(3) {
 		t.Errorf("details %v, want n 3", first["details"])

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/lock-sensors/lock-sensors/alerter"
+	"github.com/lock-sensors/lock-sensors/internal/runbook"
 )
 
 var (
@@ -18,6 +19,8 @@ var (
 	italic     = regexp.MustCompile(`\*([^*]+)\*`)
 	space      = regexp.MustCompile(`\s+`)
 	uiSection  = regexp.MustCompile(`<h2>([^<]+)</h2>`)
+	protoKinds = regexp.MustCompile(`(?s)message Alert \{.*?((?:\s*//[^\n]*)+)\s*string kind = `)
+	backquoted = regexp.MustCompile("`([a-z_]+)`")
 	runbookKey = []string{"**Means:**", "**Confirm:**", "**Do:**", "**Over when:**"}
 )
 
@@ -108,6 +111,26 @@ func TestRunbookCoversEveryAlert(t *testing.T) {
 	}
 	for _, k := range kinds {
 		need("alert kind "+k, slug(k), alerter.RunbookURL(k))
+	}
+	// The API's Alert documents its kinds (and serves runbook.URL of each): every kind it
+	// names is one the alerter raises, with its section, and the other way round.
+	proto, err := os.ReadFile("../proto/locks/v1/alerts.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := protoKinds.FindSubmatch(proto)
+	if m == nil {
+		t.Fatal("alerts.proto: no comment listing the kinds above Alert.kind; did its layout change?")
+	}
+	documented := map[string]bool{}
+	for _, k := range backquoted.FindAllSubmatch(m[1], -1) {
+		documented[string(k[1])] = true
+		need("the API's alert kind "+string(k[1]), slug(string(k[1])), runbook.URL(string(k[1])))
+	}
+	for _, k := range kinds {
+		if !documented[k] {
+			t.Errorf("alert kind %s is missing from Alert.kind's comment in proto/locks/v1/alerts.proto", k)
+		}
 	}
 	for anchor := range sections {
 		if !covered[anchor] {

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,6 +36,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	locksBin = filepath.Join(dir, "locks")
+	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
+	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
+	flag.Parse()
+	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
+		go func() { _, _ = testenv.JaegerBinary() }()
+	}
 	build := exec.Command("go", "build", "-o", locksBin, "../cmd/locks")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -52,6 +60,7 @@ func TestMain(m *testing.M) {
 // system is one `locks run --targets=all` process on private databases and queues.
 type system struct {
 	t      testing.TB
+	bin    string // the locks binary
 	pgURL  string
 	chDB   string
 	http   string
@@ -69,9 +78,15 @@ type syncBuffer = testenv.LogBuffer
 
 func start(t testing.TB, extraEnv ...string) *system {
 	t.Helper()
+	return startBin(t, locksBin, extraEnv...)
+}
+
+// startBin is start with another build of locks.
+func startBin(t testing.TB, bin string, extraEnv ...string) *system {
+	t.Helper()
 	chDB := testenv.Name("locks_e2e")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	s := &system{t: t, pgURL: testenv.PostgresURL(t), chDB: chDB, http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
+	s := &system{t: t, bin: bin, pgURL: testenv.PostgresURL(t), chDB: chDB, http: testenv.FreeAddr(t), token: "e2e-token-0123456789",
 		rabbit: testenv.RabbitMQ(t), log: &syncBuffer{}}
 	s.env = append(os.Environ(),
 		"LOCKS_POSTGRES_URL="+s.pgURL,
@@ -108,7 +123,7 @@ func start(t testing.TB, extraEnv ...string) *system {
 // directory, and waits until it is ready.
 func (s *system) launch() {
 	s.t.Helper()
-	cmd := exec.Command(locksBin, "run", "--targets=all")
+	cmd := exec.Command(s.bin, "run", "--targets=all")
 	cmd.Env = s.env
 	cmd.Stderr = s.log
 	cmd.Stdout = s.log

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
@@ -16,7 +17,6 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/pgtx"
-	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
 // BatchDefault is Config.Batch: rows per ingest, claim or finish transaction.
@@ -97,7 +97,7 @@ func (n *Notifier) eventsSpec(p int) logread.Spec {
 // ingestBatch writes the deliveries of the real events of batch, from partition p (and the
 // records of what they supersede) in one transaction, then acknowledges the messages. The
 // transaction commits only while epoch is p's current one (lease.ErrFenced otherwise).
-func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []jetstream.Msg) error {
+func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []jetstream.Msg) (err error) {
 	evs, payloads, ok, err := n.checkBatch(ctx, batch)
 	if err != nil {
 		return err
@@ -107,12 +107,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 	}
 	var created, late int
 	var recs []event.Attempt
-	var tps []string // the events' traceparents, kept on their deliveries while tracing
+	var tps []string // the intake spans' traceparents, kept on the deliveries while tracing
 	if n.tracer != nil {
-		tps = make([]string, len(ok))
-		for i, m := range ok {
-			tps[i] = m.Headers().Get(tracing.Traceparent)
-		}
+		var spans []trace.Span
+		spans, tps = n.startIntake(ctx, evs, ok)
+		defer func() { endIntake(spans, err) }()
 	}
 	err = pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
 		// The fence first, so that a claim by another process waits for this transaction or

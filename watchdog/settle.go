@@ -72,7 +72,7 @@ func judge(last event.Log, lostAfter time.Duration, now time.Time) (v verdict, l
 
 // decide settles one expiry given last, the sensor's last message in READINGS (read after
 // the expiry); see settleDeferred.
-func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last *jetstream.RawStreamMsg) (*declaredMark, error) {
+func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last *jetstream.RawStreamMsg) (_ *declaredMark, err error) {
 	p := partition.Of(sensor, w.cfg.PartitionCount)
 	if !w.mayAct(p) {
 		return nil, nil // p's new owner settles it, from the marker its watch replays
@@ -113,7 +113,12 @@ func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last 
 	if err != nil {
 		return nil, err
 	}
-	if err := w.appendFact(ctx, natsx.ReadingsSubject(sensor), body, FactMsgID(sensor, last.Sequence)); err != nil {
+	h := nats.Header{}
+	if w.tracer != nil {
+		span := w.startLost(ctx, sensor, last, h)
+		defer func() { endLost(span, err) }()
+	}
+	if err = w.appendFact(ctx, natsx.ReadingsSubject(sensor), body, h, FactMsgID(sensor, last.Sequence)); err != nil {
 		return nil, fmt.Errorf("append liveness_timeout of %s: %w", sensor, err)
 	}
 	w.m.facts.Inc()
@@ -135,10 +140,10 @@ func (w *Watchdog) decide(ctx context.Context, sensor string, c candidate, last 
 // publishes asynchronously, so that the settles running at once share the connection's
 // pipeline of acks instead of making a request each; one that cannot be started that way
 // (too many acks pending) is published synchronously.
-func (w *Watchdog) appendFact(ctx context.Context, subject string, body []byte, msgID string) error {
-	fut, err := w.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}, jetstream.WithMsgID(msgID))
+func (w *Watchdog) appendFact(ctx context.Context, subject string, body []byte, h nats.Header, msgID string) error {
+	fut, err := w.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: body, Header: h}, jetstream.WithMsgID(msgID))
 	if err != nil {
-		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}, jetstream.WithMsgID(msgID))
+		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: body, Header: h}, jetstream.WithMsgID(msgID))
 		return err
 	}
 	// An ack lost without a disconnect (which fails the future) must not stall this worker

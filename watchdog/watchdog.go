@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
@@ -20,7 +21,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 )
 
-// Deps are the watchdog's dependencies; all are required.
+// Deps are the watchdog's dependencies; all but Tracer are required.
 type Deps struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -30,6 +31,8 @@ type Deps struct {
 	Lag LagFunc
 	// Clock is the time the decisions read; nil is the system clock.
 	Clock clock.Clock
+	// Tracer, when set, traces each declaration (trace.go); nil: no tracing.
+	Tracer trace.Tracer
 }
 
 // Name is the watchdog's name in the partition leases (leases_watchdog) and the fence rows.
@@ -46,6 +49,8 @@ type Watchdog struct {
 	log *slog.Logger
 	// clock is Deps.Clock: the time of the hold and settle decisions.
 	clock clock.Clock
+	// tracer is nil without tracing (trace.go).
+	tracer trace.Tracer
 	// leases gives this process its partitions (the fixed ones, or its share); each runs in own.
 	leases *lease.Assigner
 	// setAside records the READINGS messages that can never refresh a key.
@@ -99,7 +104,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 	}
 	log := d.Logger.With("part", "watchdog")
 	w := &Watchdog{
-		cfg: cfg, js: d.JS, pg: d.PG, log: log, clock: clock.Or(d.Clock),
+		cfg: cfg, js: d.JS, pg: d.PG, log: log, clock: clock.Or(d.Clock), tracer: d.Tracer,
 		upstream: newUpstream(d.Lag, d.JS.Conn(), cfg.CatchUpGrace, log),
 		parts:    map[int]*partState{},
 		held:     map[string]candidate{},

@@ -194,7 +194,7 @@ func buildPart(name string, d deps) (runner, error) {
 		return watchdog.New(watchdog.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, LostAfter: d.cfg.LostAfter, SweepEvery: d.cfg.WatchdogSweep,
 			MaxHold: d.cfg.WatchdogMaxHold},
 			watchdog.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg,
-				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond)})
+				Lag: watchdog.RabbitLag(d.cfg.AMQPURL, d.cfg.AMQPQueue, 1000, 250*time.Millisecond), Tracer: d.tracing.Tracer("lock-sensors/watchdog")})
 	case "api":
 		hist, err := history.New(d.ch)
 		if err != nil {

@@ -91,11 +91,16 @@ func TestComposeMonitoring(t *testing.T) {
 		}
 		return m
 	}
-	prom, graf := f.Services["prometheus"], f.Services["grafana"]
-	for name, s := range map[string]service{"prometheus": prom, "grafana": graf} {
+	prom, graf, jaeger := f.Services["prometheus"], f.Services["grafana"], f.Services["jaeger"]
+	for name, s := range map[string]service{"prometheus": prom, "grafana": graf, "jaeger": jaeger} {
 		if !slices.Equal(s.Profiles, []string{"monitoring"}) {
 			t.Errorf("%s: profiles %v, want [monitoring]", name, s.Profiles)
 		}
+	}
+	// Jaeger runs the configuration the tests run (deploy/jaeger/config.yaml), its OTLP
+	// ports inside the network.
+	if jm := mounts(jaeger); jm["/etc/jaeger/config.yaml"] != "../jaeger/config.yaml" || !slices.Contains(jaeger.Command, "/etc/jaeger/config.yaml") {
+		t.Errorf("jaeger mounts %v, command %v: not deploy/jaeger/config.yaml", jm, jaeger.Command)
 	}
 	pm := mounts(prom)
 	b, err := os.ReadFile(pm["/etc/prometheus/prometheus.yml"])

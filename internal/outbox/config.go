@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 )
@@ -110,4 +111,7 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	JS         jetstream.JetStream
 	PG         *pgxpool.Pool
+	// Tracer, when set, gives each row with a Traceparent a publish span (trace.go); nil:
+	// no tracing.
+	Tracer trace.Tracer
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
@@ -59,6 +60,8 @@ type Relay struct {
 	pg   *pgxpool.Pool
 	log  *slog.Logger
 	wake chan struct{}
+	// tracer is nil without tracing (trace.go).
+	tracer trace.Tracer
 
 	relayed  prometheus.Counter
 	dropped  prometheus.Counter
@@ -87,7 +90,7 @@ func New(cfg Config, d Deps) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox %s: JetStream context: %w", cfg.Name, err)
 	}
-	r := &Relay{cfg: cfg, js: js, pg: d.PG, log: d.Logger.With("outbox", cfg.Name), wake: make(chan struct{}, 1),
+	r := &Relay{cfg: cfg, js: js, pg: d.PG, log: d.Logger.With("outbox", cfg.Name), wake: make(chan struct{}, 1), tracer: d.Tracer,
 		relayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_outbox_relayed_total",
 			Help: "Outbox rows published to JetStream and deleted."}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_outbox_dropped_total",
@@ -205,7 +208,14 @@ func (r *Relay) round(ctx context.Context, q querier, suspect, ownDelete bool) (
 			return 0, fmt.Errorf("check rows: %w", err)
 		}
 	}
+	var spans map[int64]trace.Span
+	if r.tracer != nil {
+		spans = r.startPublish(ctx, rows)
+	}
 	acked, pubErr := r.publish(ctx, rows)
+	if spans != nil {
+		endPublish(spans, acked, pubErr)
+	}
 	if ctx.Err() != nil {
 		return 0, ctx.Err()
 	}

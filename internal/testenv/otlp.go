@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -14,15 +15,19 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 )
 
-// OTLPReceiver is an OTLP/HTTP trace receiver (POST /v1/traces, protobuf), as a collector or
-// Jaeger runs one: tests export to it with the real OTLP exporter and read what arrived.
+// OTLPReceiver is an OTLP trace receiver over HTTP (POST /v1/traces, protobuf) and over gRPC
+// (the collector's TraceService), as a collector or Jaeger runs one: tests export to it with
+// the real OTLP exporters and read what arrived.
 type OTLPReceiver struct {
-	URL   string
-	mu    sync.Mutex
-	spans []Span
+	// URL is the HTTP receiver's base URL; GRPCURL the gRPC one's (http://host:port).
+	URL, GRPCURL string
+	mu           sync.Mutex
+	spans        []Span
+	collectortrace.UnimplementedTraceServiceServer
 }
 
 // Span is one span the receiver got, its ids in hex.
@@ -65,7 +70,22 @@ func OTLP(t testing.TB) *OTLPReceiver {
 	}))
 	t.Cleanup(srv.Close)
 	r.URL = srv.URL
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(gs, r)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	r.GRPCURL = "http://" + ln.Addr().String()
 	return r
+}
+
+// Export is the gRPC TraceService's call.
+func (r *OTLPReceiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	r.add(req)
+	return &collectortrace.ExportTraceServiceResponse{}, nil
 }
 
 func (r *OTLPReceiver) add(msg *collectortrace.ExportTraceServiceRequest) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -27,8 +28,8 @@ import (
 // otherwise.
 const ServiceNameDefault = "lock-sensors"
 
-// ErrProtocol is an OTEL_EXPORTER_OTLP_PROTOCOL other than http/protobuf.
-var ErrProtocol = errors.New("OTEL_EXPORTER_OTLP_PROTOCOL: only http/protobuf is supported")
+// ErrProtocol is an OTEL_EXPORTER_OTLP_PROTOCOL other than http/protobuf and grpc.
+var ErrProtocol = errors.New("OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf or grpc")
 
 // Tracing is the process's tracer provider; nil when tracing is off.
 type Tracing struct {
@@ -45,22 +46,35 @@ func Enabled(getenv func(string) string) bool {
 }
 
 // Setup builds the tracer provider the OTEL_* variables describe, or nil when they ask for
-// none. The exporter is OTLP over HTTP (endpoint, headers, timeout, compression from
-// OTEL_EXPORTER_OTLP_*); the sampler is OTEL_TRACES_SAMPLER (default parentbased_always_on;
-// parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG for a ratio). The exporter reads the
-// process's environment itself, so getenv must be os.Getenv outside tests of Enabled.
+// none. The exporter is OTLP over HTTP (http/protobuf, the default) or gRPC, as
+// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or else OTEL_EXPORTER_OTLP_PROTOCOL says; endpoint,
+// headers, timeout and compression come from OTEL_EXPORTER_OTLP_*. The sampler is
+// OTEL_TRACES_SAMPLER (default parentbased_always_on; parentbased_traceidratio with
+// OTEL_TRACES_SAMPLER_ARG for a ratio), read by the SDK. The exporter reads the process's
+// environment itself, so getenv must be os.Getenv outside tests of Enabled.
 func Setup(ctx context.Context, getenv func(string) string, version string) (*Tracing, error) {
 	if !Enabled(getenv) {
 		return nil, nil
 	}
+	protocol := "http/protobuf"
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
-		if p := getenv(k); p != "" && p != "http/protobuf" {
+		switch p := getenv(k); p {
+		case "":
+		case "http/protobuf", "grpc":
+			protocol = p // the traces' own variable, read last, wins
+		default:
 			return nil, fmt.Errorf("%s=%q: %w", k, p, ErrProtocol)
 		}
 	}
-	exp, err := otlptracehttp.New(ctx)
+	var exp sdktrace.SpanExporter
+	var err error
+	if protocol == "grpc" {
+		exp, err = otlptracegrpc.New(ctx)
+	} else {
+		exp, err = otlptracehttp.New(ctx)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
+		return nil, fmt.Errorf("OTLP trace exporter (%s): %w", protocol, err)
 	}
 	res, err := resource.New(ctx,
 		resource.WithAttributes(attribute.String("service.name", ServiceNameDefault), attribute.String("service.version", version)),
@@ -117,6 +131,13 @@ func ExtractNATS(h nats.Header) trace.SpanContext {
 
 // InjectHTTP writes ctx's span context into an HTTP request's header.
 func InjectHTTP(ctx context.Context, h http.Header) { w3c.Inject(ctx, propagation.HeaderCarrier(h)) }
+
+// TraceparentOf is the traceparent header value of ctx's span, or "" when it has none.
+func TraceparentOf(ctx context.Context) string {
+	c := propagation.MapCarrier{}
+	w3c.Inject(ctx, c)
+	return c[Traceparent]
+}
 
 // FromTraceparent is the span context a traceparent value names, or an invalid one.
 func FromTraceparent(v string) trace.SpanContext {

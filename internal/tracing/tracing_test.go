@@ -42,9 +42,9 @@ func TestOffWithoutAnEndpoint(t *testing.T) {
 	if err != nil || tr != nil || tr.Tracer("x") != nil || tr.Shutdown(t.Context()) != nil {
 		t.Fatalf("Setup without an endpoint = %v, %v", tr, err)
 	}
-	_, err = tracing.Setup(t.Context(), env(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}), "v0")
+	_, err = tracing.Setup(t.Context(), env(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}), "v0")
 	if !errors.Is(err, tracing.ErrProtocol) {
-		t.Fatalf("grpc protocol: %v", err)
+		t.Fatalf("http/json protocol: %v", err)
 	}
 }
 
@@ -88,5 +88,33 @@ func TestSetupExportsByTheVariables(t *testing.T) {
 	}
 	if n := len(recv.Named("root")); n != 0 {
 		t.Errorf("a root span was exported at ratio 0 (%d)", n)
+	}
+}
+
+// OTEL_EXPORTER_OTLP_PROTOCOL=grpc exports over OTLP/gRPC; the traces' own variable wins
+// over the general one.
+func TestSetupExportsOverGRPC(t *testing.T) {
+	for _, tc := range []struct{ name, general, traces string }{
+		{"general", "grpc", ""},
+		{"traces' own", "http/protobuf", "grpc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv := testenv.OTLP(t)
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.GRPCURL)
+			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", tc.general)
+			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", tc.traces)
+			tr, err := tracing.Setup(t.Context(), os.Getenv, "v1.2.3")
+			if err != nil || tr == nil {
+				t.Fatalf("Setup = %v, %v", tr, err)
+			}
+			_, span := tr.Tracer("test").Start(t.Context(), "over-grpc")
+			span.End()
+			if err := tr.Shutdown(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(recv.Named("over-grpc")); n != 1 {
+				t.Fatalf("%d spans at the gRPC receiver, want 1", n)
+			}
+		})
 	}
 }

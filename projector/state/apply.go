@@ -66,7 +66,9 @@ type batch struct {
 	deferred []string
 	evs      []event.Event
 	// evTP are the traceparents of evs' readings, only while tracing (traced).
-	evTP    []string
+	evTP []string
+	// evSpans are the spans of evs, only while tracing (startEvents).
+	evSpans []trace.Span
 	traced  bool
 	applied int
 	skipped int
@@ -102,6 +104,7 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 			if b == nil {
 				b = &batch{}
 			}
+			b.endEvents(err)
 			endApply(span, b.applied, b.skipped, len(b.evs), err)
 		}()
 	}
@@ -167,6 +170,9 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 			return nil
 		}
 		b.stepAll(items)
+		if b.traced {
+			b.startEvents(ctx, s.tracer)
+		}
 		w := &pgx.Batch{}
 		updated := b.queueRows(w)
 		if err := b.queueOutbox(w); err != nil {

@@ -75,7 +75,7 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 				return r.check(ctx, p, rows)
 			},
 			Published: r.observe,
-		}, outbox.Deps{Logger: d.Logger, JS: d.JS, PG: d.PG,
+		}, outbox.Deps{Logger: d.Logger, JS: d.JS, PG: d.PG, Tracer: d.Tracer,
 			Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"outbox": "events_p" + strconv.Itoa(p)}, d.Registerer)})
 		if err != nil {
 			return nil, err

@@ -93,7 +93,10 @@ type Alert struct {
 	// Absent while firing.
 	ResolvedTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=resolved_time,json=resolvedTime,proto3" json:"resolved_time,omitempty"`
 	// Its notices, per event and channel.
-	Notices       []*AlertNotice `protobuf:"bytes,9,rep,name=notices,proto3" json:"notices,omitempty"`
+	Notices []*AlertNotice `protobuf:"bytes,9,rep,name=notices,proto3" json:"notices,omitempty"`
+	// The kind's section of docs/runbook.md: what it means, how to confirm it, what to do and
+	// how to know it is over.
+	RunbookUrl    string `protobuf:"bytes,10,opt,name=runbook_url,json=runbookUrl,proto3" json:"runbook_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -189,6 +192,13 @@ func (x *Alert) GetNotices() []*AlertNotice {
 		return x.Notices
 	}
 	return nil
+}
+
+func (x *Alert) GetRunbookUrl() string {
+	if x != nil {
+		return x.RunbookUrl
+	}
+	return ""
 }
 
 // AlertNotice is one notice of an alert on one channel.
@@ -404,7 +414,7 @@ var File_locks_v1_alerts_proto protoreflect.FileDescriptor
 
 const file_locks_v1_alerts_proto_rawDesc = "" +
 	"\n" +
-	"\x15locks/v1/alerts.proto\x12\blocks.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xeb\x02\n" +
+	"\x15locks/v1/alerts.proto\x12\blocks.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n" +
 	"\x05Alert\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
@@ -415,7 +425,10 @@ const file_locks_v1_alerts_proto_rawDesc = "" +
 	"\n" +
 	"fired_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tfiredTime\x12?\n" +
 	"\rresolved_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\fresolvedTime\x12/\n" +
-	"\anotices\x18\t \x03(\v2\x15.locks.v1.AlertNoticeR\anotices\"\xb1\x01\n" +
+	"\anotices\x18\t \x03(\v2\x15.locks.v1.AlertNoticeR\anotices\x12\x1f\n" +
+	"\vrunbook_url\x18\n" +
+	" \x01(\tR\n" +
+	"runbookUrl\"\xb1\x01\n" +
 	"\vAlertNotice\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\tR\x05event\x12\x18\n" +
 	"\achannel\x18\x02 \x01(\tR\achannel\x127\n" +
