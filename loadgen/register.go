@@ -89,6 +89,15 @@ func (r Registrar) CreateClient(ctx context.Context, name, webhookURL string) (i
 // registered already are left as they are) and, if client is not empty, subscribes the client
 // to each. Batches go Parallel at a time; each is the sensors' call, then the subscriptions'.
 func (r Registrar) Fleet(ctx context.Context, prefix string, from, n int, client string) (Registered, error) {
+	return r.batches(ctx, prefix, from, n, true, client)
+}
+
+// Subscribe subscribes client to the registered sensors <prefix><from> … <prefix><from+n-1>.
+func (r Registrar) Subscribe(ctx context.Context, client, prefix string, from, n int) (Registered, error) {
+	return r.batches(ctx, prefix, from, n, false, client)
+}
+
+func (r Registrar) batches(ctx context.Context, prefix string, from, n int, register bool, client string) (Registered, error) {
 	start := time.Now()
 	par := r.Parallel
 	if par <= 0 {
@@ -119,20 +128,23 @@ func (r Registrar) Fleet(ctx context.Context, prefix string, from, n int, client
 				items = append(items, it)
 				subs = append(subs, subItem{it.Sensor.ID})
 			}
-			var res struct {
-				Created int `json:"created"`
+			span := items[0].Sensor.ID + "…" + items[len(items)-1].Sensor.ID
+			if register {
+				var res struct {
+					Created int `json:"created"`
+				}
+				if err := r.call(gctx, http.MethodPost, "/v1/sensors:batchCreate",
+					map[string]any{"requests": items, "skip_existing": true}, &res); err != nil {
+					return fmt.Errorf("loadgen: register sensors %s: %w", span, err)
+				}
+				created[b] = res.Created
 			}
-			if err := r.call(gctx, http.MethodPost, "/v1/sensors:batchCreate",
-				map[string]any{"requests": items, "skip_existing": true}, &res); err != nil {
-				return fmt.Errorf("loadgen: register sensors %s…%s: %w", items[0].Sensor.ID, items[len(items)-1].Sensor.ID, err)
-			}
-			created[b] = res.Created
 			if client == "" {
 				return nil
 			}
 			if err := r.call(gctx, http.MethodPost, "/v1/clients/"+client+"/sensors:batchCreate",
 				map[string]any{"requests": subs}, nil); err != nil {
-				return fmt.Errorf("loadgen: subscribe to sensors %s…%s: %w", items[0].Sensor.ID, items[len(items)-1].Sensor.ID, err)
+				return fmt.Errorf("loadgen: subscribe to sensors %s: %w", span, err)
 			}
 			return nil
 		})
