@@ -227,6 +227,12 @@ func TestBatchCreateREST(t *testing.T) {
 		t.Fatalf("field %q", fieldOf(r))
 	}
 
+	// The largest batch fits the body limit: 1,000 sensors with addresses of 512 characters.
+	for i := range big[:maxBatch] {
+		big[i]["sensor"].(map[string]any)["address"] = strings.Repeat("a", maxAddressLen)
+	}
+	e.want(e.do("POST", "/v1/sensors:batchCreate", map[string]any{"requests": big[:maxBatch]}), 200)
+
 	cl := e.want(e.do("POST", "/v1/clients", map[string]any{"name": "rest", "webhook_url": "http://127.0.0.1:9/h"}), 200).str("id")
 	subs := []map[string]any{{"sensor_id": "r0"}, {"sensor_id": "r2", "event_types": []string{"sensor.state_changed"}}}
 	r = e.want(e.do("POST", "/v1/clients/"+cl+"/sensors:batchCreate", map[string]any{"requests": subs}), 200)
