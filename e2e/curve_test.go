@@ -89,37 +89,9 @@ func BenchmarkCapacityCurve(b *testing.B) {
 // and the CPU per reading.
 func benchPassThrough(b *testing.B, n, sensors int) float64 {
 	rabbit := testenv.RabbitMQ(b)
-	sub, err := rabbit.Conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := sub.QueueDeclare(rabbit.Queue, true, false, false, false, nil); err != nil {
-		b.Fatal(err)
-	}
-	if err := sub.Qos(1000, 0, false); err != nil {
-		b.Fatal(err)
-	}
-	ds, err := sub.Consume(rabbit.Queue, "", false, false, false, false, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	consumed := make(chan error, 1)
+	consumed := testenv.BareConsumer(b, rabbit.Conn, rabbit.Queue, n)
 	b.ResetTimer()
 	machine := testenv.StartCPU(testenv.Servers())
-	go func() {
-		for range n {
-			d, ok := <-ds
-			if !ok {
-				consumed <- fmt.Errorf("delivery channel closed")
-				return
-			}
-			if err := d.Ack(false); err != nil {
-				consumed <- err
-				return
-			}
-		}
-		consumed <- nil
-	}()
 	books, err := loadgen.Run(b.Context(), loadgen.Config{AMQPURL: rabbit.URL, Queue: rabbit.Queue, Sensors: sensors,
 		Rate: 1e6, ChangeRatio: 0.05, Count: int64(n), Prefix: "pass", Seed: 3}, nil, testenv.Logger(b))
 	if err != nil {
