@@ -47,6 +47,9 @@ type Config struct {
 	// WatchSendTimeout is how long a batch of an event watch may take to leave before the
 	// watcher is cut off (0: WatchSendTimeoutDefault).
 	WatchSendTimeout time.Duration
+	// StateSeenInterval is the state projector's LOCKS_STATE_SEEN_INTERVAL, stated with
+	// every sensor state as its last_seen_bound: how far last_seen_time may lag.
+	StateSeenInterval time.Duration
 }
 
 // WatchSendTimeoutDefault is Config.WatchSendTimeout's default.

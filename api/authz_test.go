@@ -98,6 +98,40 @@ func TestPermissionsCoverEveryMethod(t *testing.T) {
 	}
 }
 
+// TestPermissionsNameEveryRESTRoute: the table's REST column is each method's route as the
+// gateway serves it (the OpenAPI description), and every route of the REST API has its row,
+// so the permission matrix calls every REST route.
+func TestPermissionsNameEveryRESTRoute(t *testing.T) {
+	t.Parallel()
+	var doc struct {
+		Paths map[string]map[string]struct {
+			OperationID string `json:"operationId"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(locksv1.OpenAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]string{} // "/locks.v1.Service/Method" → "METHOD /path"
+	for path, ops := range doc.Paths {
+		for method, op := range ops {
+			svc, name, _ := strings.Cut(op.OperationID, "_")
+			served["/locks.v1."+svc+"/"+name] = strings.ToUpper(method) + " " + path
+		}
+	}
+	listed := map[string]bool{}
+	for _, p := range permissions {
+		listed[p.Method] = true
+		if got, ok := served[p.Method]; !ok || got != p.REST {
+			t.Errorf("%s: the table says %q, the REST API serves it at %q", p.Method, p.REST, got)
+		}
+	}
+	for m, route := range served {
+		if !listed[m] {
+			t.Errorf("the REST route %s (%s) has no row in permissions", route, m)
+		}
+	}
+}
+
 // TestPermissionsDocumented: docs/contract.md prints the table the code enforces.
 func TestPermissionsDocumented(t *testing.T) {
 	t.Parallel()

@@ -51,7 +51,7 @@ func (ss *sensorService) CreateSensor(ctx context.Context, req *locksv1.CreateSe
 	if err != nil {
 		return nil, fmt.Errorf("insert sensor: %w", err)
 	}
-	return &locksv1.CreateSensorResponse{Sensor: row.proto()}, nil
+	return &locksv1.CreateSensorResponse{Sensor: row.proto(ss.s.cfg.StateSeenInterval)}, nil
 }
 
 func (ss *sensorService) get(ctx context.Context, q DB, id string, lock bool) (sensorRow, error) {
@@ -77,7 +77,7 @@ func (ss *sensorService) GetSensor(ctx context.Context, req *locksv1.GetSensorRe
 	if err != nil {
 		return nil, err
 	}
-	return &locksv1.GetSensorResponse{Sensor: row.proto()}, nil
+	return &locksv1.GetSensorResponse{Sensor: row.proto(ss.s.cfg.StateSeenInterval)}, nil
 }
 
 // sensorFilter is the state filter of ListSensors.
@@ -157,7 +157,7 @@ func (ss *sensorService) ListSensors(ctx context.Context, req *locksv1.ListSenso
 	page, next := nextPage(list, n, listSensors, f.scope(), func(r sensorRow) string { return r.ID })
 	out := &locksv1.ListSensorsResponse{NextPageToken: next}
 	for _, row := range page {
-		out.Sensors = append(out.Sensors, row.proto())
+		out.Sensors = append(out.Sensors, row.proto(ss.s.cfg.StateSeenInterval))
 	}
 	return out, nil
 }
@@ -231,7 +231,7 @@ func (ss *sensorService) UpdateSensor(ctx context.Context, req *locksv1.UpdateSe
 	if err != nil {
 		return nil, err
 	}
-	return &locksv1.UpdateSensorResponse{Sensor: row.proto()}, nil
+	return &locksv1.UpdateSensorResponse{Sensor: row.proto(ss.s.cfg.StateSeenInterval)}, nil
 }
 
 func (ss *sensorService) DeleteSensor(ctx context.Context, req *locksv1.DeleteSensorRequest) (*locksv1.DeleteSensorResponse, error) {

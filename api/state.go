@@ -29,5 +29,5 @@ func (st *stateService) GetSensorState(ctx context.Context, req *locksv1.GetSens
 	if err != nil {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
-	return &locksv1.GetSensorStateResponse{State: row.proto()}, nil
+	return &locksv1.GetSensorStateResponse{State: row.proto(st.s.cfg.StateSeenInterval)}, nil
 }

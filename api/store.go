@@ -198,7 +198,9 @@ func scanSensor(row pgx.Row) (sensorRow, error) {
 
 func (s sensorRow) etag() string { return etagOf(s.ID, s.Created, s.Version) }
 
-func (s sensorRow) proto() *locksv1.Sensor {
+// proto is the sensor as the API shows it; seenBound is how far its state's liveness may
+// lag (Config.StateSeenInterval).
+func (s sensorRow) proto(seenBound time.Duration) *locksv1.Sensor {
 	p := &locksv1.Sensor{
 		Id: s.ID, Address: s.Address,
 		CreateTime: ts(s.Created), UpdateTime: ts(s.Updated), Etag: s.etag(),
@@ -207,7 +209,7 @@ func (s sensorRow) proto() *locksv1.Sensor {
 		p.LostAfter = durationpb.New(time.Duration(*s.LostAfterMS) * time.Millisecond)
 	}
 	if s.State != nil {
-		p.State = s.State.proto()
+		p.State = s.State.proto(seenBound)
 	}
 	return p
 }
@@ -222,7 +224,8 @@ func connectionOf(c string) locksv1.Connection {
 	return locksv1.Connection_CONNECTION_UNSPECIFIED
 }
 
-func (st stateRow) proto() *locksv1.SensorState {
+// proto is the state as the API shows it, with seenBound, the bound of its liveness.
+func (st stateRow) proto(seenBound time.Duration) *locksv1.SensorState {
 	return &locksv1.SensorState{
 		SensorId:        st.SensorID,
 		Data:            int32(st.Data),
@@ -231,5 +234,6 @@ func (st stateRow) proto() *locksv1.SensorState {
 		ChangedTime:     ts(st.ChangedAt),
 		Revision:        st.Revision,
 		LastReadingTime: ts(st.LastReadingTime),
+		LastSeenBound:   durationpb.New(seenBound),
 	}
 }

@@ -201,7 +201,7 @@ func (sub *subscriptionService) ListClientSensors(ctx context.Context, req *lock
 	page, next := nextPage(list, n, listClientSensors, clientID, func(r sensorRow) string { return r.ID })
 	out := &locksv1.ListClientSensorsResponse{NextPageToken: next}
 	for _, row := range page {
-		out.Sensors = append(out.Sensors, row.proto())
+		out.Sensors = append(out.Sensors, row.proto(sub.s.cfg.StateSeenInterval))
 	}
 	return out, nil
 }

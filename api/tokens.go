@@ -218,3 +218,20 @@ func wellFormedClientToken(token string) bool {
 	_, err := base64.RawURLEncoding.DecodeString(rest)
 	return err == nil
 }
+
+// ClientOfToken is the client whose client token token is: the dashboard signs a client's
+// people in with it (ui.ClientTokens). A token that is not a known client token (an
+// administrator token included) is ErrUnauthenticated; a deleted one is from its next use on.
+func (s *Server) ClientOfToken(ctx context.Context, token string) (string, error) {
+	if !wellFormedClientToken(token) {
+		return "", fmt.Errorf("%w: not a client token", ErrUnauthenticated)
+	}
+	p, err := s.authenticate(ctx, "Bearer "+token)
+	if err != nil {
+		return "", err
+	}
+	if p.admin || p.clientID == "" {
+		return "", fmt.Errorf("%w: not a client token", ErrUnauthenticated)
+	}
+	return p.clientID, nil
+}

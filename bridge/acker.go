@@ -173,6 +173,7 @@ func (b *Bridge) resolve(ctx context.Context, it item, returns <-chan amqp.Retur
 		}
 	}
 	b.m.latency.Observe(time.Since(it.start).Seconds())
+	b.m.appendStage.Since(it.start)
 	if ack.Duplicate && !(retried && b.ownAppend(ctx, ack, it.msg)) {
 		b.m.duplicates.Inc()
 	}

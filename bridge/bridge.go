@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -20,7 +21,9 @@ type Deps struct {
 	// JS is used for its NATS connection (which must reconnect by itself, as
 	// natsx.Connect's does); the bridge makes its own JetStream context on it with a bounded
 	// async publisher.
-	JS         jetstream.JetStream
+	JS jetstream.JetStream
+	// PG is read for the registry and the unregistered sensors tracked (unregistered.go).
+	PG         *pgxpool.Pool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	// Tracer, when set, traces each reading's append (trace.go); nil: no tracing at all.
@@ -36,6 +39,8 @@ type Bridge struct {
 	// skew counts readings whose sensor clock is off (clock.go).
 	skew   *clockSkew
 	tracer trace.Tracer
+	// sensors decides which sensors are tracked (unregistered.go).
+	sensors *sensors
 	// lastRetryLog is only touched by the acker goroutine.
 	lastRetryLog time.Time
 }
@@ -46,7 +51,7 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := part.Require("bridge", part.Dep{Name: "JS", Value: deps.JS},
+	if err := part.Require("bridge", part.Dep{Name: "JS", Value: deps.JS}, part.Dep{Name: "PG", Value: deps.PG},
 		part.Dep{Name: "Logger", Value: deps.Logger}, part.Dep{Name: "Registerer", Value: deps.Registerer}); err != nil {
 		return nil, err
 	}
@@ -65,7 +70,12 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bridge{cfg: cfg, js: js, log: deps.Logger.With("part", "bridge"), m: m, skew: skew, tracer: deps.Tracer}, nil
+	log := deps.Logger.With("part", "bridge")
+	sensors, err := newSensors(cfg, deps.PG, log, deps.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Bridge{cfg: cfg, js: js, log: log, m: m, skew: skew, tracer: deps.Tracer, sensors: sensors}, nil
 }
 
 // errSessionFailed ends the spans of the readings a failed session will not resolve: RabbitMQ

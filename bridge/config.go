@@ -16,6 +16,9 @@ const (
 	DrainTimeoutDefault     = 10 * time.Second
 	InvalidMaxLengthDefault = 100_000
 	StandbyPollDefault      = 2 * time.Second
+	UnregisteredMaxDefault  = 100_000
+	RegistryRefreshDefault  = time.Minute
+	LookupsPerSecondDefault = 50
 )
 
 // Config is what the bridge is told; zero fields take the defaults.
@@ -54,6 +57,19 @@ type Config struct {
 	// ClockSkewMax is how far a reading's ts may be from its receive time before it is counted
 	// in locks_bridge_clock_skew_total (default ClockSkewMaxDefault; see clock.go).
 	ClockSkewMax time.Duration
+	// UnregisteredMax is LOCKS_UNREGISTERED_MAX, the most unregistered sensors tracked
+	// (UnregisteredMaxDefault; negative: none); readings of others are appended marked
+	// untracked (unregistered.go).
+	UnregisteredMax int
+	// RefuseUnregistered is LOCKS_ACCEPT_UNREGISTERED=false: a reading of a sensor that is
+	// not registered goes to the invalid queue (reason ReasonUnregistered).
+	RefuseUnregistered bool
+	// RegistryRefresh is how often the registry is read again, and the untracked and refused
+	// readings are logged (RegistryRefreshDefault).
+	RegistryRefresh time.Duration
+	// LookupsPerSecond bounds the registry lookups of sensors not known to be registered
+	// (LookupsPerSecondDefault).
+	LookupsPerSecond int
 }
 
 func (c *Config) setDefaults() {
@@ -89,6 +105,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.ClockSkewMax <= 0 {
 		c.ClockSkewMax = ClockSkewMaxDefault
+	}
+	if c.UnregisteredMax == 0 {
+		c.UnregisteredMax = UnregisteredMaxDefault
+	}
+	if c.RegistryRefresh <= 0 {
+		c.RegistryRefresh = RegistryRefreshDefault
+	}
+	if c.LookupsPerSecond <= 0 {
+		c.LookupsPerSecond = LookupsPerSecondDefault
 	}
 }
 

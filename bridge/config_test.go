@@ -43,9 +43,9 @@ func TestNewNamesMissingDeps(t *testing.T) {
 	if !errors.Is(err, part.ErrMissingDep) {
 		t.Fatalf("err %v, want ErrMissingDep", err)
 	}
-	if !strings.Contains(err.Error(), "JS") || !strings.Contains(err.Error(), "Registerer") ||
+	if !strings.Contains(err.Error(), "JS") || !strings.Contains(err.Error(), "PG") || !strings.Contains(err.Error(), "Registerer") ||
 		strings.Contains(err.Error(), "Logger") {
-		t.Fatalf("err %q should name JS and Registerer only", err)
+		t.Fatalf("err %q should name JS, PG and Registerer only", err)
 	}
 	if _, err := New(Config{}, Deps{Registerer: prometheus.NewRegistry()}); err == nil || errors.Is(err, part.ErrMissingDep) {
 		t.Fatalf("a bad config is reported before the deps: %v", err)

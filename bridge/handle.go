@@ -66,36 +66,22 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 		if errors.As(err, &ie) {
 			reason = ie.Reason
 		}
-		it.reason = reason
-		headers := amqp.Table{}
-		for k, v := range d.Headers {
-			headers[k] = v
-		}
-		headers[ErrorHeader] = msg
-		body := d.Body
-		if len(body) > InvalidPrefix {
-			headers[SizeHeader] = int64(len(body))
-			body = body[:InvalidPrefix]
-		}
-		it.confirm, it.pubErr = pub.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.InvalidQueue, true, false, amqp.Publishing{
-			Headers:       headers,
-			ContentType:   d.ContentType,
-			DeliveryMode:  amqp.Persistent,
-			CorrelationId: d.CorrelationId,
-			MessageId:     d.MessageId,
-			Timestamp:     d.Timestamp,
-			Type:          d.Type,
-			AppId:         d.AppId,
-			Body:          body,
-		})
-		return it
+		return b.toInvalid(ctx, pub, d, it, reason, msg)
 	}
 	b.skew.observe(r)
+	if !r.Time.Equal(r.ReceivedTime) { // the sensor sent a ts
+		b.m.sensorStage.Between(r.Time, r.ReceivedTime)
+	}
+	t := b.sensors.decide(ctx, r.SensorID, now)
+	if t == trackRefuse {
+		return b.toInvalid(ctx, pub, d, it, ReasonUnregistered,
+			fmt.Sprintf("sensor_id %s is not registered, and LOCKS_ACCEPT_UNREGISTERED is false", r.SensorID))
+	}
 	id := MessageID(d)
 	origin := sess.id + "/" + strconv.FormatUint(d.DeliveryTag, 10)
 	body, err := event.MarshalLog(event.Log{
 		V: event.Version, Kind: event.KindReading, SensorID: r.SensorID, Data: r.Data,
-		Time: r.Time, ReceivedTime: r.ReceivedTime, MessageID: id, Origin: origin,
+		Time: r.Time, ReceivedTime: r.ReceivedTime, MessageID: id, Origin: origin, Untracked: t == trackNone,
 	})
 	if err != nil { // cannot happen for a decoded reading; never ack what was not appended
 		it.pubErr = fmt.Errorf("encode reading: %w", err)
@@ -135,5 +121,33 @@ func (b *Bridge) handle(ctx context.Context, pub *amqp.Channel, d amqp.Delivery,
 	it.msg = msg
 	it.lost = natsx.Lost(b.js.Conn())
 	it.future, it.pubErr = appendMsg(msg)
+	return it
+}
+
+// toInvalid publishes d to the invalid queue with its reason, under publisher confirms: the
+// acker acks d once the invalid queue has it.
+func (b *Bridge) toInvalid(ctx context.Context, pub *amqp.Channel, d amqp.Delivery, it item, reason, msg string) item {
+	it.reason = reason
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	headers[ErrorHeader] = msg
+	body := d.Body
+	if len(body) > InvalidPrefix {
+		headers[SizeHeader] = int64(len(body))
+		body = body[:InvalidPrefix]
+	}
+	it.confirm, it.pubErr = pub.PublishWithDeferredConfirmWithContext(ctx, "", b.cfg.InvalidQueue, true, false, amqp.Publishing{
+		Headers:       headers,
+		ContentType:   d.ContentType,
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: d.CorrelationId,
+		MessageId:     d.MessageId,
+		Timestamp:     d.Timestamp,
+		Type:          d.Type,
+		AppId:         d.AppId,
+		Body:          body,
+	})
 	return it
 }

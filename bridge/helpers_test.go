@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -24,6 +28,7 @@ const (
 	childNATSEnv  = "LOCKS_BRIDGE_TEST_NATS_URL"
 	childAMQPEnv  = "LOCKS_BRIDGE_TEST_AMQP_URL"
 	childQueueEnv = "LOCKS_BRIDGE_TEST_QUEUE"
+	childPGEnv    = "LOCKS_BRIDGE_TEST_POSTGRES_URL"
 )
 
 func TestMain(m *testing.M) {
@@ -42,8 +47,14 @@ func runChild() int {
 		return 1
 	}
 	js, _ := jetstream.New(nc)
+	pg, err := pgxpool.New(context.Background(), os.Getenv(childPGEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pg.Close()
 	b, err := New(Config{AMQPURL: os.Getenv(childAMQPEnv), Queue: os.Getenv(childQueueEnv), Prefetch: 100},
-		Deps{JS: js, Logger: log, Registerer: prometheus.NewRegistry()})
+		Deps{JS: js, PG: pg, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -75,6 +86,10 @@ type env struct {
 	pubCh  *amqp.Channel
 	reg    *prometheus.Registry
 	bridge *Bridge
+	// pgURL and pg are the test's own Postgres database (the registry the bridge reads).
+	pgURL  string
+	pg     *pgxpool.Pool
+	logs   *logCapture  // what the bridges start made logged
 	tracer trace.Tracer // given to the bridges start makes; nil: no tracing
 }
 
@@ -91,6 +106,7 @@ func newEnvAppending(t testing.TB, amqpURL string, atomic bool) *env {
 		t.Fatal(err)
 	}
 	e := &env{nats: ne, js: testenv.JetStream(t, ne.URL, "bridge-test"), amqp: amqpURL}
+	e.pgURL, e.pg = testenv.Postgres(t)
 	if amqpURL == "" {
 		re := testenv.RabbitMQ(t)
 		e.amqp, e.queue = re.URL, re.Queue
@@ -174,7 +190,7 @@ func (e *env) start(t testing.TB, cfg Config) (stop func()) {
 		cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
 	}
 	e.reg = prometheus.NewRegistry()
-	b, err := New(cfg, Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer})
+	b, err := New(cfg, Deps{JS: e.js, PG: e.pg, Logger: e.logger(t), Registerer: e.reg, Tracer: e.tracer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,3 +261,68 @@ func (e *env) readings(t testing.TB) ([]event.Log, []string) {
 // appends in them (batch.go), as it does on the embedded server's default. Set
 // LOCKS_TEST_BRIDGE_BATCHES=false to run the suite with single appends (an external NATS).
 var atomicBatches = os.Getenv("LOCKS_TEST_BRIDGE_BATCHES") != "false"
+
+// logger is the test's logger, also keeping each record's message in e.logs.
+func (e *env) logger(t testing.TB) *slog.Logger {
+	if e.logs == nil {
+		e.logs = &logCapture{}
+	}
+	e.logs.next = testenv.Logger(t).Handler()
+	return slog.New(e.logs)
+}
+
+// logCapture keeps the messages logged, with their attributes, and passes them on.
+type logCapture struct {
+	next  slog.Handler
+	attrs []slog.Attr
+	mu    *sync.Mutex
+	recs  *[]string
+}
+
+func (c *logCapture) Enabled(ctx context.Context, l slog.Level) bool { return true }
+
+func (c *logCapture) Handle(ctx context.Context, r slog.Record) error {
+	c.init()
+	line := r.Message
+	for _, a := range c.attrs {
+		line += " " + a.String()
+	}
+	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	c.mu.Lock()
+	*c.recs = append(*c.recs, line)
+	c.mu.Unlock()
+	if c.next.Enabled(ctx, r.Level) {
+		return c.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (c *logCapture) init() {
+	if c.mu == nil {
+		c.mu, c.recs = &sync.Mutex{}, &[]string{}
+	}
+}
+
+func (c *logCapture) WithAttrs(as []slog.Attr) slog.Handler {
+	c.init()
+	return &logCapture{next: c.next.WithAttrs(as), attrs: append(append([]slog.Attr(nil), c.attrs...), as...), mu: c.mu, recs: c.recs}
+}
+
+func (c *logCapture) WithGroup(name string) slog.Handler {
+	c.init()
+	return &logCapture{next: c.next.WithGroup(name), attrs: c.attrs, mu: c.mu, recs: c.recs}
+}
+
+// lines are the messages logged so far that contain sub.
+func (c *logCapture) lines(sub string) []string {
+	c.init()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, l := range *c.recs {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return out
+}

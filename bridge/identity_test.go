@@ -182,7 +182,7 @@ func TestBridgeRetryOfOwnAppendIsNotADuplicate(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
 	reg := prometheus.NewRegistry()
-	b, err := New(Config{AMQPURL: e.amqp, Queue: e.queue}, Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: reg})
+	b, err := New(Config{AMQPURL: e.amqp, Queue: e.queue}, Deps{JS: e.js, PG: e.pg, Logger: testenv.Logger(t), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestBridgeStandbyTakesOver(t *testing.T) {
 	newBridge := func() (*Bridge, *prometheus.Registry) {
 		reg := prometheus.NewRegistry()
 		b, err := New(Config{AMQPURL: e.amqp, Queue: e.queue, Prefetch: 50, StandbyPoll: 200 * time.Millisecond},
-			Deps{JS: e.js, Logger: testenv.Logger(t), Registerer: reg})
+			Deps{JS: e.js, PG: e.pg, Logger: testenv.Logger(t), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
 		}

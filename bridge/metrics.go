@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 )
 
 type metrics struct {
@@ -18,6 +20,8 @@ type metrics struct {
 	// batches and batchFailures count atomic batches committed and failed (batch.go).
 	batches       prometheus.Counter
 	batchFailures prometheus.Counter
+	// sensorStage and appendStage are this part's hops of locks_stage_seconds.
+	sensorStage, appendStage stage.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
@@ -64,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			Help: "Atomic batches refused or unanswered; their readings were retried one by one.",
 		}),
 	}
-	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS, ReasonMessageID} {
+	for _, reason := range []string{ReasonTooBig, ReasonNotJSON, ReasonSensorID, ReasonData, ReasonTS, ReasonMessageID, ReasonUnregistered} {
 		m.invalid.WithLabelValues(reason)
 	}
 	for _, c := range []prometheus.Collector{m.accepted, m.invalid, m.duplicates, m.latency, m.inFlight, m.standby, m.connects, m.retries, m.batches, m.batchFailures} {
@@ -72,5 +76,10 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			return m, fmt.Errorf("bridge metrics: %w", err)
 		}
 	}
-	return m, nil
+	var err error
+	if m.sensorStage, err = stage.New(reg, stage.Sensor); err != nil {
+		return m, err
+	}
+	m.appendStage, err = stage.New(reg, stage.Append)
+	return m, err
 }

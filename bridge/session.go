@@ -79,6 +79,21 @@ func (b *Bridge) session(ctx context.Context) error {
 		return fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
 	}
 	b.m.standby.Set(0) // this bridge is the queue's consumer now
+	// Before the first delivery is handled: a bridge taking over starts from what the
+	// registry and the state projection hold now.
+	if err := b.sensors.load(ctx); err != nil {
+		return err
+	}
+	fctx, stopFresh := context.WithCancel(ctx)
+	freshDone := make(chan struct{})
+	go func() {
+		defer close(freshDone)
+		b.sensors.keepFresh(fctx, b.cfg.RegistryRefresh)
+	}()
+	defer func() {
+		stopFresh()
+		<-freshDone
+	}()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	pubClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
 	b.m.connects.Inc()

@@ -1,12 +1,18 @@
 package e2e_test
 
 import (
+	"fmt"
+	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // BenchmarkModerateLatency is a reading's whole way (RabbitMQ publish → the webhook received)
@@ -50,7 +56,60 @@ func BenchmarkModerateLatency(b *testing.B) {
 					}
 					b.ReportMetric(float64(d.Microseconds())/1000, "webhook_"+name+"_ms")
 				}
+				// Where it waited: the median of each hop (locks_stage_seconds).
+				stages, err := stageMedians("http://" + s.http + "/metrics")
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, st := range []string{"sensor", "append", "state", "relay", "intake", "claim", "attempt", "finish"} {
+					v, ok := stages[st]
+					if !ok {
+						b.Fatalf("no locks_stage_seconds{stage=%q} observed", st)
+					}
+					b.ReportMetric(v*1000, st+"_p50_ms")
+				}
 			}
 		})
 	}
+}
+
+// stageMedians reads every stage's median from the process's locks_stage_seconds histogram,
+// interpolated within its bucket; a stage with no observation is left out.
+func stageMedians(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", url, err)
+	}
+	mf, ok := mfs["locks_stage_seconds"]
+	if !ok {
+		return nil, fmt.Errorf("%s has no locks_stage_seconds", url)
+	}
+	out := map[string]float64{}
+	for _, m := range mf.GetMetric() {
+		h := m.GetHistogram()
+		n := float64(h.GetSampleCount())
+		if n == 0 {
+			continue
+		}
+		lo, below := 0.0, 0.0
+		for _, bk := range h.GetBucket() {
+			c := float64(bk.GetCumulativeCount())
+			if c >= n/2 {
+				hi := bk.GetUpperBound()
+				if math.IsInf(hi, 1) {
+					hi = lo
+				}
+				out[m.GetLabel()[0].GetValue()] = lo + (hi-lo)*(n/2-below)/max(c-below, 1)
+				break
+			}
+			lo, below = bk.GetUpperBound(), c
+		}
+	}
+	return out, nil
 }

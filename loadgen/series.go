@@ -15,11 +15,13 @@ import (
 )
 
 // StateProbe measures publish → state latency from outside the system: it polls
-// sensor_state and, for every row whose last_reading_time (the reading's ts, which the load
-// generator sets to its publish time) changed since the previous poll, takes the commit to
-// have happened halfway between the two polls (or between the reading's ts and this poll, if
-// later). The error is at most half the poll interval; only each sensor's newest reading at
-// a poll is seen, so with readings of one sensor closer together than the interval it samples.
+// sensor_state and, for every row whose changed_at (the ts of the reading that changed the
+// state, which the load generator sets to its publish time) changed since the previous poll,
+// takes the commit to have happened halfway between the two polls (or between the reading's
+// ts and this poll, if later). The error is at most half the poll interval; only each
+// sensor's newest change at a poll is seen, so with changes of one sensor closer together
+// than the interval it samples. Changes only: a reading that changes nothing has its
+// liveness written at most every LOCKS_STATE_SEEN_INTERVAL, by design.
 type StateProbe struct {
 	pool  *pgxpool.Pool
 	since time.Time
@@ -58,7 +60,7 @@ func (p *StateProbe) Run(ctx context.Context, every time.Duration) {
 }
 
 func (p *StateProbe) poll(ctx context.Context, prev, now time.Time) error {
-	rows, err := p.pool.Query(ctx, "SELECT sensor_id, last_reading_time FROM sensor_state WHERE last_reading_time >= $1", p.since)
+	rows, err := p.pool.Query(ctx, "SELECT sensor_id, changed_at FROM sensor_state WHERE changed_at >= $1", p.since)
 	if err != nil {
 		return fmt.Errorf("state probe: %w", err)
 	}
@@ -99,7 +101,7 @@ func (p *StateProbe) Latencies(from int) ([]time.Duration, int) {
 	return slices.Clone(p.lat[from:]), len(p.lat)
 }
 
-// Lag is the age of the newest reading in sensor_state at the last poll (−1 before any).
+// Lag is the age of the newest change in sensor_state at the last poll (−1 before any).
 func (p *StateProbe) Lag() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -125,7 +127,7 @@ type Sample struct {
 	WebhookP99 float64
 	StateP50   float64 // publish → committed to sensor_state (StateProbe)
 	StateP99   float64
-	StateLag   float64 // now − newest reading in sensor_state
+	StateLag   float64 // now − newest change in sensor_state
 }
 
 // Sampler takes a Sample every second from whichever sources are set.

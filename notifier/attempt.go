@@ -24,6 +24,7 @@ func (n *Notifier) attempt(ctx context.Context, c claimed) result {
 // attemptOnce is attempt without its span.
 func (n *Notifier) attemptOnce(ctx context.Context, c claimed) result {
 	start := time.Now()
+	n.m.claim.Between(c.due, start)
 	r := result{c: c, at: start}
 	fail := func(msg string) result {
 		r.errText = msg
@@ -55,6 +56,7 @@ func (n *Notifier) attemptOnce(ctx context.Context, c claimed) result {
 	}
 	resp, err := n.send.post(ctx, c.url, h, body)
 	r.latency = time.Since(start)
+	n.m.attempt.Since(start)
 	r.status = resp.status
 	r.retryAfter = resp.retryAfter
 	if err != nil && ctx.Err() != nil {

@@ -40,9 +40,14 @@ const byTID = `d.ctid = ANY(ARRAY(SELECT x.ctid FROM ` + byID + `,
 // read every pending row again.
 const pendingTarget = `d.state COLLATE "C" = 'pending'`
 
+// querier runs statements in a transaction: a pgx.Tx, or a pgtx transaction's connection.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // collectIDs runs q, which selects (id, sensor_id) of delivery rows, and returns them in id
 // order, for byID.
-func collectIDs(ctx context.Context, tx pgx.Tx, q string, args ...any) ([]int64, []string, error) {
+func collectIDs(ctx context.Context, tx querier, q string, args ...any) ([]int64, []string, error) {
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("select deliveries: %w", err)

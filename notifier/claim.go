@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 )
 
 // claimed is a delivery leased for one attempt, with the registry read afresh.
@@ -21,6 +23,8 @@ type claimed struct {
 	attemptBase int
 	// traceparent is the event's (its reading's) trace context, when it was traced.
 	traceparent string
+	// due is when the row became due (its next_at): a first attempt's is its delivery's commit.
+	due time.Time
 	// leasedAt is this process's time just before the claim: the lease ends after it.
 	leasedAt time.Time
 	// From the registry at claim time; url is empty when the client no longer exists.
@@ -83,7 +87,7 @@ type capacity struct {
 // two revisions of one key in flight (the second would see the first's committed lease).
 // A concurrent writer of the row (ingest superseding it) is waited for and re-checked by
 // the UPDATE itself.
-func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
+func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
 	leasedAt := time.Now()
 	// A nil slice is SQL NULL, and x = ANY(NULL) is never false.
@@ -94,7 +98,7 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 	if fc == nil {
 		fc, fr = []string{}, []int32{}
 	}
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		// JIT off, in the same round trip: the planner's estimate for this statement (a subplan
 		// per row on every partition) passes jit_above_cost, and compiling it took 0.5 s per
 		// claim on a busy machine, for a query that runs in milliseconds.
@@ -110,8 +114,12 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 		// the UPDATE: its generic plan, made once per connection and kept, scanned whole the
 		// partitions that were nearly empty when it was made (seen), instead of by TID.
 		b := &pgx.Batch{}
+		// The commit does not wait for its WAL flush (synchronous_commit off): a lease lost
+		// with a Postgres crash only makes its row claimable again, which a crash between an
+		// attempt and its recorded outcome does anyway (at least once), and the flush is one
+		// more wait on every webhook's way.
 		b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true),
-			set_config('plan_cache_mode', 'force_generic_plan', true)`)
+			set_config('plan_cache_mode', 'force_generic_plan', true), set_config('synchronous_commit', 'off', true)`)
 		b.Queue(`
 			WITH narrow AS MATERIALIZED (`+rankedWindow("$3")+`),
 			     wide AS MATERIALIZED (`+rankedWindow("$4")+`)
@@ -127,61 +135,39 @@ func claim(ctx context.Context, db DB, c capacity, limit int, token int64, lease
 			WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
 			busy, c.perClient, limit, 4*limit, fc, fr)
 		b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
-		br := tx.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return err
-		}
-		rows, err := br.Query()
-		if err != nil {
-			_ = br.Close()
-			return err
-		}
 		var ids []int64
 		var sensors []string
-		var id int64
-		var sensor string
-		_, err = pgx.ForEachRow(rows, []any{&id, &sensor}, func() error {
-			ids, sensors = append(ids, id), append(sensors, sensor)
-			return nil
-		})
-		if err == nil {
-			_, err = br.Exec() // plan_cache_mode back
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil || len(ids) == 0 {
+		err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			var id int64
+			var sensor string
+			if _, err := pgx.ForEachRow(rows, []any{&id, &sensor}, func() error {
+				ids, sensors = append(ids, id), append(sensors, sensor)
+				return nil
+			}); err != nil {
+				return err
+			}
+			_, err = br.Exec() // sequential scans off, for the UPDATE
 			return err
-		}
-		rows, err = tx.Query(ctx, `
-			WITH c AS (
-				UPDATE notifier_deliveries d SET lease_until = now() + $3 * interval '1 microsecond', lease_token = $4
-				WHERE `+byTID+` AND `+pendingTarget+` AND `+eligibleTarget+`
-				RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base, d.traceparent
-			)
-			SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base, coalesce(c.traceparent, ''),
-			       coalesce(cl.webhook_url, ''), coalesce(cl.signing_secret, ''), coalesce(cl.previous_secret, ''),
-			       coalesce(cl.previous_secret_until, 'epoch'::timestamptz), coalesce(s.address, ''),
-			       sub.client_id IS NOT NULL OR c.sensor_id = '`+testSensorID+`'
-			FROM c
-			LEFT JOIN clients cl ON cl.id = c.client_id
-			LEFT JOIN sensors s ON s.id = c.sensor_id
-			LEFT JOIN subscriptions sub ON sub.client_id = c.client_id AND sub.sensor_id = c.sensor_id`,
-			ids, sensors, lease.Microseconds(), token)
+		})
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			c := claimed{token: token, leasedAt: leasedAt}
-			if err := rows.Scan(&c.id, &c.eventID, &c.clientID, &c.sensorID, &c.revision, &c.payload, &c.attempts,
-				&c.attemptBase, &c.traceparent, &c.url, &c.secrets.Current, &c.secrets.Previous, &c.secrets.PreviousUntil, &c.address, &c.subscribed); err != nil {
-				return err
-			}
-			out = append(out, c)
+		if len(ids) == 0 {
+			return tx.Commit(ctx, nil, nil)
 		}
-		return rows.Err()
+		w := &pgx.Batch{}
+		queueLease(w, ids, sensors, lease, token)
+		return tx.Commit(ctx, w, func(br pgx.BatchResults) error {
+			out, err = readLease(br, token, leasedAt)
+			return err
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
@@ -220,4 +206,43 @@ func nextDue(ctx context.Context, db DB, ceiling time.Duration) time.Duration {
 		return ceiling
 	}
 	return min(ceiling, time.Duration(*us)*time.Microsecond)
+}
+
+// queueLease queues claim's UPDATE that leases the rows of ids (with their sensors, for
+// partition pruning) that are still eligible, re-checked by the UPDATE itself, and reads
+// their clients' registry entries; readLease reads it. Sequential scans must be off.
+func queueLease(b *pgx.Batch, ids []int64, sensors []string, lease time.Duration, token int64) {
+	b.Queue(`
+		WITH c AS (
+			UPDATE notifier_deliveries d SET lease_until = now() + $3 * interval '1 microsecond', lease_token = $4
+			WHERE `+byTID+` AND `+pendingTarget+` AND `+eligibleTarget+`
+			RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.revision, d.payload, d.attempts, d.attempt_base, d.traceparent, d.next_at
+		)
+		SELECT c.id, c.event_id, c.client_id, c.sensor_id, c.revision, c.payload, c.attempts, c.attempt_base, coalesce(c.traceparent, ''), c.next_at,
+		       coalesce(cl.webhook_url, ''), coalesce(cl.signing_secret, ''), coalesce(cl.previous_secret, ''),
+		       coalesce(cl.previous_secret_until, 'epoch'::timestamptz), coalesce(s.address, ''),
+		       sub.client_id IS NOT NULL OR c.sensor_id = '`+testSensorID+`'
+		FROM c
+		LEFT JOIN clients cl ON cl.id = c.client_id
+		LEFT JOIN sensors s ON s.id = c.sensor_id
+		LEFT JOIN subscriptions sub ON sub.client_id = c.client_id AND sub.sensor_id = c.sensor_id`,
+		ids, sensors, lease.Microseconds(), token)
+}
+
+func readLease(br pgx.BatchResults, token int64, leasedAt time.Time) ([]claimed, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []claimed
+	for rows.Next() {
+		c := claimed{token: token, leasedAt: leasedAt}
+		if err := rows.Scan(&c.id, &c.eventID, &c.clientID, &c.sensorID, &c.revision, &c.payload, &c.attempts,
+			&c.attemptBase, &c.traceparent, &c.due, &c.url, &c.secrets.Current, &c.secrets.Previous, &c.secrets.PreviousUntil, &c.address, &c.subscribed); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }

@@ -58,6 +58,12 @@ func (n *Notifier) finishBatch(batch []result) {
 		cancel()
 		if err == nil {
 			crashpoint.Hit(CrashAfterFinishCommit)
+			now := time.Now()
+			for _, r := range batch {
+				if !r.aborted && r.state != StateCancelled {
+					n.m.finish.Between(r.at.Add(r.latency), now)
+				}
+			}
 			for client, why := range disabled {
 				n.log.Warn("webhook endpoint disabled: its deliveries wait until it is re-enabled", "client", client, "reason", why)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
@@ -113,23 +114,33 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 			tps[i] = m.Headers().Get(tracing.Traceparent)
 		}
 	}
-	err = pgx.BeginFunc(ctx, n.db, func(tx pgx.Tx) error {
-		// First, so that a claim by another process waits for this transaction or fences it.
-		if err := lease.Check(ctx, tx, Name, p, epoch); err != nil {
-			return err
+	err = pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
+		// The fence first, so that a claim by another process waits for this transaction or
+		// fences it; in the INSERT's round trip.
+		f := fence{
+			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, p) },
+			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, p, epoch) },
 		}
-		var err error
-		created, recs, late, err = insertDeliveries(ctx, tx, evs, payloads, tps)
+		ins, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
 		if err != nil {
 			return err
 		}
-		return writeOutbox(ctx, tx, recs)
+		created, recs, late = ins.created, rs, lt
+		w := &pgx.Batch{}
+		if err := queueOutbox(w, recs); err != nil {
+			return err
+		}
+		return tx.Commit(ctx, w, nil)
 	})
 	if err != nil {
 		return err
 	}
 	crashpoint.Hit(CrashAfterIngestCommit)
+	committed := time.Now()
 	for _, m := range ok {
+		if md, err := m.Metadata(); err == nil {
+			n.m.intake.Between(md.Timestamp, committed)
+		}
 		if err := m.Ack(); err != nil {
 			// Redelivered later and skipped by (event_id, client_id): harmless.
 			n.log.Debug("ack EVENTS message", "err", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/outbox"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 )
 
 // Crash points, for tests that kill the notifier at its worst moments.
@@ -72,6 +73,8 @@ type metrics struct {
 	resets   prometheus.Counter
 	late     prometheus.Counter
 	clients  *clientMetrics
+	// This part's hops of locks_stage_seconds.
+	intake, claim, attempt, finish stage.Observer
 }
 
 // New builds a notifier.
@@ -127,6 +130,14 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 	var err error
 	if n.gaps, err = logread.NewGaps(d.Registerer, n.log, Name); err != nil {
 		return nil, err
+	}
+	for _, s := range []struct {
+		o    *stage.Observer
+		name string
+	}{{&n.m.intake, stage.Intake}, {&n.m.claim, stage.Claim}, {&n.m.attempt, stage.Attempt}, {&n.m.finish, stage.Finish}} {
+		if *s.o, err = stage.New(d.Registerer, s.name); err != nil {
+			return nil, err
+		}
 	}
 	if n.setAside, err = setaside.NewRecorder(SetAsideConsumer, d.JS, n.log, d.Registerer); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 )
 
 // DB is what the notifier needs of Postgres (a *pgxpool.Pool is one).
@@ -60,26 +61,52 @@ const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
 // attempt records of what was superseded, for the outbox; the first late of them are rows
 // created superseded because the client already had a newer revision of the sensor, which
 // the in-order intake never lets happen: an error for the caller to report.
-// tps, when not nil, are the events' traceparents, kept on their deliveries.
-func insertDeliveries(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte, tps []string) (created int, recs []event.Attempt, late int, err error) {
+// tps, when not nil, are the events' traceparents, kept on their deliveries. The statements
+// go out after those f queues, in the transaction's first round trip, and leave it with
+// generic plans and sequential scans off.
+func insertDeliveries(ctx context.Context, tx *pgtx.Tx, f fence, evs []event.Event, payloads [][]byte, tps []string) (ins inserted, recs []event.Attempt, late int, err error) {
 	// Generic plans for these statements, with sequential scans off as for finish's: they
 	// probe key by key (LATERAL subqueries kept apart with OFFSET 0), a plan that does not
 	// depend on the arguments, but the planner, costing each call afresh, planned the INSERT
-	// and supersede's look-up anew for every batch: 3.6 ms of planning per ingested batch
-	// against 0.5 ms of executing (Postgres's statement log over BenchmarkLatency), which
-	// raised its p50 at 1,000 events/s from 21–25 to 32–37 ms. Sequential scans off, so that
-	// a plan made while the tables are nearly empty, and kept, still probes by index.
-	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`); err != nil {
-		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
+	// and supersede's look-up anew for every batch, which cost more than executing them.
+	// Sequential scans off, so that a plan made while the tables are nearly empty, and kept,
+	// still probes by index.
+	b := &pgx.Batch{}
+	if f.queue != nil {
+		f.queue(b)
 	}
-	created, recs, late, err = insertAndSupersede(ctx, tx, evs, payloads, tps)
-	if err != nil {
-		return 0, nil, 0, err
+	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
+	queueInsert(b, evs, payloads, tps)
+	if err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
+		ins, recs, err = readInsert(br, f)
+		return err
+	}); err != nil {
+		return ins, nil, 0, err
 	}
-	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'auto', true), set_config('enable_seqscan', 'on', true)`); err != nil {
-		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
+	late = len(recs)
+	if len(ins.keyClients) == 0 {
+		return ins, recs, late, nil
 	}
-	return created, recs, late, nil
+	more, err := supersede(ctx, tx.Conn(), ins.keyClients, ins.keySensors)
+	return ins, append(recs, more...), late, err
+}
+
+// fence is what a transaction checks in its first round trip before anything else
+// (lease.QueueCheck and ReadCheck); the zero fence checks nothing.
+type fence struct {
+	queue func(*pgx.Batch)
+	read  func(pgx.BatchResults) error
+}
+
+// inserted is what insertDeliveries created: how many rows, and the pending ones (the rest
+// were superseded at once), which the notifier may lease at intake.
+type inserted struct {
+	created int
+	ids     []int64
+	clients []string
+	sensors []string
+	// keyClients and keySensors are the (client, sensor) keys of every row created.
+	keyClients, keySensors []string
 }
 
 // insertTemplate is the INSERT of insertAndSupersede; its variant with a traceparent per
@@ -99,15 +126,15 @@ const insertTemplate = `
 		WHERE (cardinality(s.event_types) = 0 OR e.type = ANY(s.event_types))
 		  AND (cardinality(cl.event_types) = 0 OR e.type = ANY(cl.event_types))
 		ON CONFLICT (event_id, client_id, sensor_id) DO NOTHING
-		RETURNING d.event_id, d.client_id, d.sensor_id, d.state`
+		RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.state`
 
 var (
 	insertSQL       = fmt.Sprintf(insertTemplate, "", "", "", "")
 	insertTracedSQL = fmt.Sprintf(insertTemplate, ", traceparent", ",\n\t\t       nullif(e.tp, '')", ", $6::text[]", ", tp")
 )
 
-// insertAndSupersede is insertDeliveries without its planner settings.
-func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, payloads [][]byte, tps []string) (created int, recs []event.Attempt, late int, err error) {
+// queueInsert queues the INSERT of insertDeliveries.
+func queueInsert(b *pgx.Batch, evs []event.Event, payloads [][]byte, tps []string) {
 	ids := make([]string, len(evs))
 	sensors := make([]string, len(evs))
 	revs := make([]int64, len(evs))
@@ -120,35 +147,45 @@ func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, paylo
 	if tps != nil {
 		q, args = insertTracedSQL, append(args, tps)
 	}
-	rows, err := tx.Query(ctx, q, args...)
-	if err != nil {
-		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
+	b.Queue(q, args...)
+}
+
+// readInsert reads the results of f's statements, the planner settings and queueInsert's.
+func readInsert(br pgx.BatchResults, f fence) (ins inserted, recs []event.Attempt, err error) {
+	if f.read != nil {
+		if err := f.read(br); err != nil {
+			return ins, nil, err
+		}
 	}
-	var keyC, keyS []string
+	if _, err := br.Exec(); err != nil {
+		return ins, nil, fmt.Errorf("insert deliveries: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return ins, nil, fmt.Errorf("insert deliveries: %w", err)
+	}
+	defer rows.Close()
 	now := time.Now()
 	for rows.Next() {
+		var id int64
 		var evID, client, sensor, state string
-		if err := rows.Scan(&evID, &client, &sensor, &state); err != nil {
-			rows.Close()
-			return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
+		if err := rows.Scan(&id, &evID, &client, &sensor, &state); err != nil {
+			return ins, nil, fmt.Errorf("insert deliveries: %w", err)
 		}
-		created++
-		keyC, keyS = append(keyC, client), append(keyS, sensor)
-		if state == StateSuperseded {
+		ins.created++
+		ins.keyClients, ins.keySensors = append(ins.keyClients, client), append(ins.keySensors, sensor)
+		switch state {
+		case StatePending:
+			ins.ids, ins.clients, ins.sensors = append(ins.ids, id), append(ins.clients, client), append(ins.sensors, sensor)
+		case StateSuperseded:
 			recs = append(recs, event.Attempt{V: event.Version, EventID: evID, ClientID: client, SensorID: sensor,
 				Attempt: 1, Time: now, Outcome: event.OutcomeSuperseded})
 		}
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, nil, 0, fmt.Errorf("insert deliveries: %w", err)
+		return ins, nil, fmt.Errorf("insert deliveries: %w", err)
 	}
-	late = len(recs)
-	if len(keyC) == 0 {
-		return 0, recs, late, nil
-	}
-	more, err := supersede(ctx, tx, keyC, keyS)
-	return created, append(recs, more...), late, err
+	return ins, recs, nil
 }
 
 // supersede marks as superseded the pending rows of the given (client, sensor) keys, or of
@@ -156,7 +193,7 @@ func insertAndSupersede(ctx context.Context, tx pgx.Tx, evs []event.Event, paylo
 // (they wait for a retry). A row whose attempt is in flight is flagged instead and superseded
 // when that attempt ends, unless it was delivered: flag and outcome are both UPDATEs of the
 // row, so they serialise on its lock and whichever commits second sees the other.
-func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]event.Attempt, error) {
+func supersede(ctx context.Context, tx querier, clients, sensors []string) ([]event.Attempt, error) {
 	cond := `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
@@ -220,6 +257,18 @@ func supersede(ctx context.Context, tx pgx.Tx, clients, sensors []string) ([]eve
 
 // writeOutbox queues attempt records in tx for the relay to DELIVERIES.
 func writeOutbox(ctx context.Context, tx pgx.Tx, recs []event.Attempt) error {
+	b := &pgx.Batch{}
+	if err := queueOutbox(b, recs); err != nil || b.Len() == 0 {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write attempt outbox: %w", err)
+	}
+	return nil
+}
+
+// queueOutbox queues writeOutbox's INSERT, when there are records.
+func queueOutbox(b *pgx.Batch, recs []event.Attempt) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -227,16 +276,13 @@ func writeOutbox(ctx context.Context, tx pgx.Tx, recs []event.Attempt) error {
 	msgIDs := make([]string, len(recs))
 	payloads := make([][]byte, len(recs))
 	for i, a := range recs {
-		b, err := json.Marshal(a)
+		p, err := json.Marshal(a)
 		if err != nil {
 			return fmt.Errorf("encode attempt: %w", err)
 		}
-		clients[i], msgIDs[i], payloads[i] = a.ClientID, event.AttemptMsgID(a), b
+		clients[i], msgIDs[i], payloads[i] = a.ClientID, event.AttemptMsgID(a), p
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO notifier_attempt_outbox (client_id, msg_id, payload)
+	b.Queue(`INSERT INTO notifier_attempt_outbox (client_id, msg_id, payload)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])`, clients, msgIDs, payloads)
-	if err != nil {
-		return fmt.Errorf("write attempt outbox: %w", err)
-	}
 	return nil
 }

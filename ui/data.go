@@ -29,13 +29,15 @@ type apiClient struct {
 	overview locksv1.OverviewServiceClient
 	controls locksv1.WebhookControlServiceClient
 	alerts   locksv1.AlertServiceClient
+	subs     locksv1.SubscriptionServiceClient
 }
 
 func newAPIClient(cc grpc.ClientConnInterface) *apiClient {
 	return &apiClient{clients: locksv1.NewClientServiceClient(cc), sensors: locksv1.NewSensorServiceClient(cc),
 		history: locksv1.NewHistoryServiceClient(cc), projs: locksv1.NewProjectionServiceClient(cc),
 		setAside: locksv1.NewSetAsideServiceClient(cc), overview: locksv1.NewOverviewServiceClient(cc),
-		controls: locksv1.NewWebhookControlServiceClient(cc), alerts: locksv1.NewAlertServiceClient(cc)}
+		controls: locksv1.NewWebhookControlServiceClient(cc), alerts: locksv1.NewAlertServiceClient(cc),
+		subs: locksv1.NewSubscriptionServiceClient(cc)}
 }
 
 // as is ctx carrying the session's token, as a REST or gRPC client would send it.

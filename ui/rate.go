@@ -24,14 +24,19 @@ import (
 // The ingest and invalid rates are the bridges' own counters (locks_bridge_readings_accepted_total,
 // locks_bridge_invalid_total), read from the /metrics of each bridge process the registry
 // lists, and differenced between two refreshes: the API process itself may run no bridge.
+// So are the readings of unregistered sensors beyond LOCKS_UNREGISTERED_MAX
+// (locks_unregistered_untracked_readings_total), with the places taken and their bound
+// (locks_unregistered_tracked, locks_unregistered_max) as they are.
 
-type counters struct{ accepted, invalid float64 }
+type counters struct{ accepted, invalid, untracked, unregTracked, unregMax float64 }
 
 type rates struct {
-	Ingest, Invalid float64
-	Bridges         int
-	Known           bool // two samples exist
-	Err             string
+	Ingest, Invalid, Untracked float64
+	// UnregTracked and UnregMax are the unregistered sensors tracked and their bound.
+	UnregTracked, UnregMax float64
+	Bridges                int
+	Known                  bool // two samples exist
+	Err                    string
 }
 
 type rateMeter struct {
@@ -93,6 +98,11 @@ func (m *rateMeter) read(ctx context.Context, ps []procs.Info, now time.Time) ra
 		cur[p.ID] = c
 	}
 	r := rates{Bridges: len(cur)}
+	for _, c := range cur {
+		// Only the bridge consuming the queue has loaded its places; a standby shows 0.
+		r.UnregTracked = max(r.UnregTracked, c.unregTracked)
+		r.UnregMax = max(r.UnregMax, c.unregMax)
+	}
 	if len(errs) > 0 {
 		r.Err = fmt.Sprint(errs)
 	}
@@ -105,6 +115,7 @@ func (m *rateMeter) read(ctx context.Context, ps []procs.Info, now time.Time) ra
 			}
 			r.Ingest += max(0, c.accepted-p.accepted) / span
 			r.Invalid += max(0, c.invalid-p.invalid) / span
+			r.Untracked += max(0, c.untracked-p.untracked) / span
 		}
 		r.Known = true
 	}
@@ -144,10 +155,12 @@ func (m *rateMeter) scrape(ctx context.Context, addr string) (counters, error) {
 		var s float64
 		if f, ok := fams[name]; ok {
 			for _, m := range f.GetMetric() {
-				s += m.GetCounter().GetValue()
+				s += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 		return s
 	}
-	return counters{accepted: sum("locks_bridge_readings_accepted_total"), invalid: sum("locks_bridge_invalid_total")}, nil
+	return counters{accepted: sum("locks_bridge_readings_accepted_total"), invalid: sum("locks_bridge_invalid_total"),
+		untracked:    sum("locks_unregistered_untracked_readings_total"),
+		unregTracked: sum("locks_unregistered_tracked"), unregMax: sum("locks_unregistered_max")}, nil
 }

@@ -1,6 +1,8 @@
 package ui
 
 import (
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -26,6 +28,11 @@ import (
 // rewrites the cookie's last-use time). Logout revokes the session's nonce on this process
 // until the session would have expired; on other API processes, a copied cookie still ends
 // at its idle timeout.
+//
+// A client's session (signed in with a client token, client.go) carries the token itself,
+// sealed with AES-GCM under a key derived from the sessions' key, after the same fields: the
+// dashboard calls the API with it, so the API's own rules (api/authz.go) bound what the page
+// can do, and deleting the token ends its sessions at their next request on every instance.
 
 const (
 	cookieName = "locks_session"
@@ -40,6 +47,9 @@ type session struct {
 	active  time.Time // last use, as the cookie says
 	nonce   [16]byte
 	token   string // the API token the session signed in with
+	client  bool   // token is a client token (client.go), not an administrator's
+	// clientID is the client of a client token, looked up at each request (UI.session).
+	clientID string
 }
 
 // idleRefresh is how stale a cookie's last-use time may be before a use rewrites it: not at
@@ -49,8 +59,12 @@ const idleRefresh = time.Minute
 // maxRevoked bounds the revoked sessions remembered; past it the ones expiring first go.
 const maxRevoked = 100_000
 
-// cookie layout: expires (8) | nonce (16) | token fingerprint (16) | last use (8).
+// cookie layout: expires (8) | nonce (16) | token fingerprint (16) | last use (8), and for a
+// client's session the sealed client token: GCM nonce (12) | ciphertext and tag.
 const cookieBodyLen = 8 + 16 + 16 + 8
+
+// maxSealedToken bounds the sealed client token a cookie may hold.
+const maxSealedToken = 12 + 256 + 16
 
 type sessions struct {
 	key    []byte
@@ -100,9 +114,10 @@ func (s *sessions) tokenValid(t string) bool {
 	return ok && t != ""
 }
 
-// issue makes the cookie of a new session for token (already checked).
-func (s *sessions) issue(w http.ResponseWriter, r *http.Request, token string, now time.Time) {
-	ses := session{expires: now.Add(s.ttl).Truncate(time.Second), active: now, token: token}
+// issue makes the cookie of a new session for token (already checked); client says it is a
+// client token.
+func (s *sessions) issue(w http.ResponseWriter, r *http.Request, token string, client bool, now time.Time) {
+	ses := session{expires: now.Add(s.ttl).Truncate(time.Second), active: now, token: token, client: client}
 	_, _ = rand.Read(ses.nonce[:])
 	s.write(w, r, ses, now)
 }
@@ -122,7 +137,11 @@ func (s *sessions) write(w http.ResponseWriter, r *http.Request, ses session, no
 	copy(body[8:24], ses.nonce[:])
 	copy(body[24:40], s.fingerprint(ses.token))
 	binary.BigEndian.PutUint64(body[40:], uint64(ses.active.Unix()))
-	v := base64.RawURLEncoding.EncodeToString(body[:]) + "." + base64.RawURLEncoding.EncodeToString(s.mac(body[:]))
+	all := body[:]
+	if ses.client {
+		all = s.seal(body[:], ses.token)
+	}
+	v := base64.RawURLEncoding.EncodeToString(all) + "." + base64.RawURLEncoding.EncodeToString(s.mac(all))
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: v, Path: "/ui/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: isTLS(r), MaxAge: max(int(ses.expires.Sub(now).Seconds()), 1)})
 }
@@ -177,7 +196,8 @@ func (s *sessions) read(r *http.Request, now time.Time) (session, error) {
 	}
 	body, err1 := base64.RawURLEncoding.DecodeString(b64)
 	sig, err2 := base64.RawURLEncoding.DecodeString(sig64)
-	if err1 != nil || err2 != nil || len(body) != cookieBodyLen || !hmac.Equal(sig, s.mac(body)) {
+	if err1 != nil || err2 != nil || len(body) < cookieBodyLen || len(body) > cookieBodyLen+maxSealedToken ||
+		!hmac.Equal(sig, s.mac(body)) {
 		return session{}, errNoSession
 	}
 	var ses session
@@ -189,6 +209,14 @@ func (s *sessions) read(r *http.Request, now time.Time) (session, error) {
 	copy(ses.nonce[:], body[8:24])
 	if s.isRevoked(ses.nonce) {
 		return session{}, errNoSession
+	}
+	if len(body) > cookieBodyLen {
+		t, ok := s.open(body[:cookieBodyLen], body[cookieBodyLen:])
+		if !ok || !hmac.Equal(s.fingerprint(t), body[24:40]) {
+			return session{}, errNoSession
+		}
+		ses.token, ses.client = t, true
+		return ses, nil
 	}
 	for _, t := range s.tokens {
 		if hmac.Equal(s.fingerprint(t), body[24:40]) {
@@ -213,4 +241,36 @@ func (s *sessions) csrfOK(r *http.Request, ses session) bool {
 		got = r.PostFormValue(csrfField)
 	}
 	return got != "" && hmac.Equal([]byte(got), []byte(s.csrf(ses)))
+}
+
+// gcm is the AEAD that seals a client's token in its cookie.
+func (s *sessions) gcm() cipher.AEAD {
+	block, err := aes.NewCipher(s.mac([]byte("locks-ui-client-token-key")))
+	if err != nil {
+		panic(err) // a 32-byte key: cannot fail
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return aead
+}
+
+// seal is body followed by token sealed under a fresh nonce, body as associated data.
+func (s *sessions) seal(body []byte, token string) []byte {
+	aead := s.gcm()
+	nonce := make([]byte, aead.NonceSize())
+	_, _ = rand.Read(nonce)
+	out := append(slices.Clone(body), nonce...)
+	return aead.Seal(out, nonce, []byte(token), body)
+}
+
+// open is the token sealed in sealed with body as associated data.
+func (s *sessions) open(body, sealed []byte) (string, bool) {
+	aead := s.gcm()
+	if len(sealed) < aead.NonceSize()+aead.Overhead() {
+		return "", false
+	}
+	t, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], body)
+	return string(t), err == nil && len(t) > 0
 }

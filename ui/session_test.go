@@ -16,7 +16,7 @@ func TestSessionCookie(t *testing.T) {
 	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	s := newSessions([]string{tok, other}, time.Hour, 0)
 	rec := httptest.NewRecorder()
-	s.issue(rec, httptest.NewRequest("POST", "/ui/login", nil), other, now)
+	s.issue(rec, httptest.NewRequest("POST", "/ui/login", nil), other, false, now)
 	c := rec.Result().Cookies()[0]
 	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Path != "/ui/" || strings.Contains(c.Value, other) {
 		t.Fatalf("cookie = %+v", c)
@@ -46,7 +46,7 @@ func TestSessionCookie(t *testing.T) {
 		t.Error("a tampered cookie was accepted")
 	}
 	rec2 := httptest.NewRecorder()
-	s.issue(rec2, httptest.NewRequest("POST", "/ui/login", nil), other, now)
+	s.issue(rec2, httptest.NewRequest("POST", "/ui/login", nil), other, false, now)
 	ses2, _ := s.read(req(rec2.Result().Cookies()[0].Value), now)
 	if s.csrf(ses) == s.csrf(ses2) {
 		t.Error("two sessions share a CSRF token")
@@ -77,7 +77,7 @@ func TestSessionIdleTimeout(t *testing.T) {
 		return r
 	}
 	rec := httptest.NewRecorder()
-	s.issue(rec, httptest.NewRequest("POST", "/ui/login", nil), tok, now)
+	s.issue(rec, httptest.NewRequest("POST", "/ui/login", nil), tok, false, now)
 	first := cookie(rec)
 	if _, err := s.read(req(first), now.Add(31*time.Minute)); err == nil {
 		t.Fatal("a session unused for 31 minutes was accepted (idle timeout 30)")
@@ -149,5 +149,46 @@ func TestLogoutRevokes(t *testing.T) {
 	}
 	if code := get(other); code != http.StatusOK {
 		t.Fatalf("another session of the same token: GET /ui/ %d", code)
+	}
+}
+
+// A client's session carries its client token sealed: the cookie does not show it, reads
+// back to it on another instance with the same administrator tokens, and is refused when
+// tampered with or when the administrator tokens (the sessions' key) change.
+func TestClientSessionCookie(t *testing.T) {
+	t.Parallel()
+	const admin, client = "token-aaaaaaaaaaaaaaaa", "lsct_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+	now := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
+	s := newSessions([]string{admin}, time.Hour, 0)
+	rec := httptest.NewRecorder()
+	s.issue(rec, httptest.NewRequest("POST", "/ui/login", nil), client, true, now)
+	c := rec.Result().Cookies()[0]
+	if strings.Contains(c.Value, client) || strings.Contains(c.Value, "lsct_") {
+		t.Fatalf("the cookie shows the client token: %s", c.Value)
+	}
+	req := func(v string) *http.Request {
+		r := httptest.NewRequest("GET", "/ui/", nil)
+		r.AddCookie(&http.Cookie{Name: cookieName, Value: v})
+		return r
+	}
+	ses, err := newSessions([]string{admin}, time.Hour, 0).read(req(c.Value), now)
+	if err != nil || ses.token != client || !ses.client {
+		t.Fatalf("client session: %v, token %q, client %v", err, ses.token, ses.client)
+	}
+	for _, i := range []int{3, len(c.Value) / 2, len(c.Value) - 50} {
+		b := []byte(c.Value)
+		b[i] ^= 1
+		if _, err := s.read(req(string(b)), now); err == nil {
+			t.Errorf("a cookie tampered at %d was accepted", i)
+		}
+	}
+	if _, err := newSessions([]string{"token-cccccccccccccccc"}, time.Hour, 0).read(req(c.Value), now); err == nil {
+		t.Error("a client session outlived a change of LOCKS_API_TOKENS")
+	}
+	// An administrator's cookie never reads as a client's, nor the reverse.
+	rec = httptest.NewRecorder()
+	s.issue(rec, httptest.NewRequest("POST", "/ui/login", nil), admin, false, now)
+	if ses, err := s.read(req(rec.Result().Cookies()[0].Value), now); err != nil || ses.client || ses.token != admin {
+		t.Fatalf("administrator session: %v %+v", err, ses)
 	}
 }

@@ -1,6 +1,8 @@
 package ui
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -44,13 +46,21 @@ func newSigninUI(t *testing.T, token string) (*UI, *testenv.LogBuffer, *time.Tim
 	}
 	t.Cleanup(func() { cc.Close() })
 	log, logs := testenv.CaptureLogger()
-	u, err := New(Config{Tokens: []string{token}}, Deps{Logger: log, Registerer: prometheus.NewRegistry(), API: cc, JS: js})
+	u, err := New(Config{Tokens: []string{token}}, Deps{Logger: log, Registerer: prometheus.NewRegistry(), API: cc, JS: js,
+		ClientTokens: noClientTokens{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
 	u.now = func() time.Time { return now }
 	return u, logs, &now
+}
+
+// noClientTokens knows no client token: these tests sign in with administrator tokens.
+type noClientTokens struct{}
+
+func (noClientTokens) ClientOfToken(context.Context, string) (string, error) {
+	return "", errors.New("no client tokens here")
 }
 
 func signin(u *UI, remote, token string) *httptest.ResponseRecorder {

@@ -150,6 +150,9 @@ func (w *Watchdog) handOver(ctx context.Context, msg jetstream.Msg, ps *partStat
 		if err := w.setAside.SetAside(ctx, natsx.ReadingsStream, md.Sequence.Stream, msg.Subject(), msg.Data(), err); err != nil {
 			return err
 		}
+	case l.Kind == event.KindReading && l.Untracked:
+		// Beyond LOCKS_UNREGISTERED_MAX (the bridge's mark): no key, no memory.
+		w.m.untracked.Inc()
 	case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
 		w.m.coalesced.Inc()
 	case l.Kind == event.KindReading:

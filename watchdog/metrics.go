@@ -8,7 +8,7 @@ import (
 
 type metrics struct {
 	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
-	coalesced                                                              prometheus.Counter
+	coalesced, untracked                                                   prometheus.Counter
 	held, oldestHeld, queued                                               prometheus.Gauge
 	declaredAtMaxHold                                                      prometheus.Counter
 	delay, markerLag                                                       prometheus.Histogram
@@ -17,8 +17,10 @@ type metrics struct {
 // newMetrics makes the watchdog's metrics and registers them on reg.
 func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	m := metrics{
-		refreshes:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_total", Help: "Liveness keys refreshed by readings."}),
-		coalesced:        prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_coalesced_total", Help: "Readings whose key refresh was skipped: the key's deadline was within lost_after/4 of theirs."}),
+		refreshes: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_total", Help: "Liveness keys refreshed by readings."}),
+		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_coalesced_total", Help: "Readings whose key refresh was skipped: the key's deadline was within lost_after/4 of theirs."}),
+		untracked: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_untracked_readings_total",
+			Help: "Readings the bridge marked untracked (unregistered, beyond LOCKS_UNREGISTERED_MAX): no liveness key."}),
 		expiries:         prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_total", Help: "Liveness key expiries (limit markers) seen."}),
 		facts:            prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_facts_total", Help: "liveness_timeout facts appended to READINGS."}),
 		refreshedOnCheck: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_refreshed_total", Help: "Expiries dropped because READINGS held a reading younger than lost_after (our own lag)."}),
@@ -36,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	for _, c := range []prometheus.Collector{m.refreshes, m.coalesced, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared, m.repairs, m.held, m.oldestHeld, m.queued, m.declaredAtMaxHold, m.delay, m.markerLag} {
+	for _, c := range []prometheus.Collector{m.refreshes, m.coalesced, m.untracked, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared, m.repairs, m.held, m.oldestHeld, m.queued, m.declaredAtMaxHold, m.delay, m.markerLag} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("watchdog metrics: %w", err)
 		}

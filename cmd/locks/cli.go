@@ -181,6 +181,6 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, min, max int) ([]string, er
 // apiFlags are the flags of every command that calls the admin API.
 func (c *cli) apiFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiURL, "api-url", "", "admin API base URL (env LOCKS_API_URL; default http://LOCKS_HTTP_ADDR, http://127.0.0.1:8080)")
-	fs.StringVar(&c.token, "token", "", "admin API bearer token (env LOCKS_API_TOKEN; default the first of LOCKS_API_TOKENS, else $LOCKS_DATA_DIR/api-token as go tool task up keeps it)")
+	fs.StringVar(&c.token, "token", "", "API bearer token, an administrator's or a client token lsct_… (env LOCKS_API_TOKEN; default the first of LOCKS_API_TOKENS, else $LOCKS_DATA_DIR/api-token as go tool task up keeps it)")
 	fs.BoolVar(&c.json, "json", false, "print the API's JSON instead of a table")
 }

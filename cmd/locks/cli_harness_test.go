@@ -21,6 +21,8 @@ type cliSystem struct {
 	httpAddr, token string
 	rabbit          *testenv.RabbitEnv
 	log             *testenv.LogBuffer
+	// servers is the environment that points a `locks run` at this system's servers.
+	servers []string
 }
 
 // startCLISystem starts the system with env added to its environment and waits until it is
@@ -29,51 +31,71 @@ func startCLISystem(t *testing.T, env ...string) *cliSystem {
 	t.Helper()
 	chDB := testenv.Name("locks_cli")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
-	s := &cliSystem{httpAddr: testenv.FreeAddr(t), token: "cli-token-0123456789abcdef", rabbit: testenv.RabbitMQ(t), log: &testenv.LogBuffer{}}
-	cmd := locksCmd(t, append([]string{
+	s := &cliSystem{httpAddr: testenv.FreeAddr(t), token: "cli-token-0123456789abcdef", rabbit: testenv.RabbitMQ(t)}
+	s.servers = []string{
 		"LOCKS_POSTGRES_URL=" + testenv.PostgresURL(t),
 		"LOCKS_CLICKHOUSE_URL=clickhouse://" + testenv.ClickHouseAddr() + "/" + chDB,
 		"LOCKS_AMQP_URL=" + s.rabbit.URL,
 		"LOCKS_AMQP_QUEUE=" + s.rabbit.Queue,
-		"LOCKS_HTTP_ADDR=" + s.httpAddr,
-		"LOCKS_GRPC_ADDR=" + testenv.FreeAddr(t),
 		"LOCKS_API_TOKENS=" + s.token,
 		"LOCKS_PARTITIONS=2",
-	}, env...), "run", "--targets=all")
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	if err := cmd.Start(); err != nil {
+	}
+	s.log = startLocks(t, s.httpAddr, append(append(s.servers, env...), "LOCKS_GRPC_ADDR="+testenv.FreeAddr(t)),
+		"run", "--targets=all").log
+	return s
+}
+
+// locksProcess is a running `locks run`.
+type locksProcess struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    *testenv.LogBuffer
+}
+
+// stop sends sig and waits for the process to exit (at most 20 s, then kills it).
+func (p *locksProcess) stop(t *testing.T, sig syscall.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		t.Errorf("locks run did not stop within 20 s of %s", sig)
+	}
+}
+
+// startLocks runs locks with args and env, serving HTTP on httpAddr, and waits until its
+// /readyz answers 200; it is stopped with SIGTERM when t ends, if not before.
+func startLocks(t *testing.T, httpAddr string, env []string, args ...string) *locksProcess {
+	t.Helper()
+	p := &locksProcess{cmd: locksCmd(t, append(env, "LOCKS_HTTP_ADDR="+httpAddr), args...), exited: make(chan struct{}), log: &testenv.LogBuffer{}}
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("locks run did not stop within 20 s of SIGTERM")
-		}
+		p.stop(t, syscall.SIGTERM)
 		if t.Failed() {
-			t.Logf("locks run's log:\n%s", s.log)
+			t.Logf("locks %s's log:\n%s", strings.Join(args, " "), p.log)
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := http.Get("http://" + s.httpAddr + "/readyz")
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return s
+				return p
 			}
 		}
 		select {
-		case <-exited:
-			t.Fatalf("locks run exited before it was ready; log:\n%s", s.log)
+		case <-p.exited:
+			t.Fatalf("locks %s exited before it was ready; log:\n%s", strings.Join(args, " "), p.log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 within 60 s; log:\n%s", s.log)
+			t.Fatalf("/readyz not 200 within 60 s; log:\n%s", p.log)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

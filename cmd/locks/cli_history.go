@@ -102,15 +102,37 @@ type apiEvent struct {
 }
 
 var eventsCommand = cliCommand{
-	args:  "SENSOR [--since D | --start T] [--end T] [--limit N]",
-	about: "Lists a sensor's events, oldest first: state changes and connections lost and restored, as its webhooks carried them.",
+	args: "SENSOR [--since D | --start T] [--end T] [--limit N]  |  CLIENT [--follow] [--after CURSOR] [--limit N]",
+	about: "Lists a sensor's events, oldest first: state changes and connections lost and restored, as its webhooks carried them.\n" +
+		"For a CLIENT (cl_…): its event feed, every event its subscriptions selected in the order it got them, each the webhook body;\n" +
+		"--follow keeps watching and resumes from the last event after a disconnect. A client token (LOCKS_API_TOKEN) reads its own.",
 	run: func(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
 		c.apiFlags(fs)
 		var h historyFlags
 		h.register(fs)
+		var f feedFlags
+		f.register(fs)
 		pos, err := c.parse(fs, args, 1, 1)
 		if err != nil {
 			return err
+		}
+		set := map[string]bool{}
+		fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+		if isClientID(pos[0]) {
+			if set["since"] || set["start"] || set["end"] {
+				return usagef("--since, --start and --end are for a sensor's events; a client's feed reads on from --after")
+			}
+			if h.limit < 0 {
+				return usagef("--limit must be 0 (all) or more")
+			}
+			limit := h.limit
+			if !set["limit"] {
+				limit = 0 // the feed to its end, or for ever with --follow
+			}
+			return c.clientEvents(ctx, pos[0], f, limit)
+		}
+		if set["follow"] || set["after"] {
+			return usagef("--follow and --after are for a client's feed (locks events CLIENT); %q is a sensor id", pos[0])
 		}
 		q, err := h.query()
 		if err != nil {

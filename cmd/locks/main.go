@@ -42,12 +42,14 @@ usage:
   locks nats-accounts [--partition-count=N]   (prints deploy/nats/accounts.conf for N partitions)
   locks version
 
-The admin API (LOCKS_API_URL, LOCKS_API_TOKEN; default the local "go tool task up"):
+The admin API (LOCKS_API_URL, LOCKS_API_TOKEN, an administrator's or a client token; default
+the local "go tool task up"):
   locks sensor create|get|list|delete
   locks client create|get|list|delete|rotate-secret|test-event|enable|disable
   locks subscription create|delete SENSOR CLIENT
   locks state|readings|events SENSOR
   locks deliveries|redrive CLIENT
+  locks events CLIENT [--follow]     the client's event feed; --follow watches and resumes
   locks publish SENSOR 0|1          one reading to RabbitMQ, as a sensor sends it
   locks receive --secret whsec_…    a demo receiver that verifies and prints webhooks
 Each takes --help; --json prints the API's JSON instead of a table. Exit status: 0, 1 when

@@ -49,7 +49,7 @@ func allTargetsList() string { return strings.Join(allTargets, ",") }
 
 // What each part needs besides NATS.
 var (
-	needsPostgres   = []string{"state", "notifier", "watchdog", "api", "alerter"}
+	needsPostgres   = []string{"bridge", "state", "notifier", "watchdog", "api", "alerter"}
 	needsClickHouse = []string{"history", "api", "alerter"}
 	needsAMQP       = []string{"bridge"}
 )
@@ -163,8 +163,13 @@ type runner interface {
 func buildPart(name string, d deps) (runner, error) {
 	switch name {
 	case "bridge":
-		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax},
-			bridge.Deps{JS: d.js, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/bridge")})
+		unregMax := d.cfg.UnregisteredMax
+		if unregMax == 0 {
+			unregMax = -1 // none; the bridge's zero is its default
+		}
+		return bridge.New(bridge.Config{AMQPURL: d.cfg.AMQPURL, Queue: d.cfg.AMQPQueue, ClockSkewMax: d.cfg.ClockSkewMax,
+			UnregisteredMax: unregMax, RefuseUnregistered: !d.cfg.AcceptUnregistered},
+			bridge.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/bridge")})
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
 			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
@@ -172,7 +177,8 @@ func buildPart(name string, d deps) (runner, error) {
 			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})
 	case "state":
-		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL},
+		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL,
+			SeenInterval: d.cfg.StateSeenInterval},
 			state.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Tracer: d.tracing.Tracer("lock-sensors/state")})
 		if err != nil {
 			return nil, err
@@ -208,7 +214,8 @@ func buildPart(name string, d deps) (runner, error) {
 		if err != nil {
 			return nil, err
 		}
-		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate},
+		a, err := api.New(api.Config{GRPCAddr: d.cfg.GRPCAddr, Tokens: d.cfg.APITokens, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
+			StateSeenInterval: d.cfg.StateSeenInterval},
 			api.Deps{PG: d.pg, Logger: d.log, Registerer: d.reg, History: hist, Projections: rb, JS: d.js,
 				DeadLetters: notifier.NewDeadLetters(d.pg), Controls: notifier.NewControls(d.pg, d.js.Conn()), Health: hl.Server()})
 		if err != nil {
@@ -217,7 +224,8 @@ func buildPart(name string, d deps) (runner, error) {
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
-		dash, err := ui.New(ui.Config{Tokens: d.cfg.APITokens}, ui.Deps{Logger: d.log, Registerer: d.reg, API: a.InProcess(), JS: d.js})
+		dash, err := ui.New(ui.Config{Tokens: d.cfg.APITokens}, ui.Deps{Logger: d.log, Registerer: d.reg, API: a.InProcess(), JS: d.js,
+			ClientTokens: a})
 		if err != nil {
 			return nil, err
 		}

@@ -328,7 +328,7 @@ func TestRenderDefaults(t *testing.T) {
 	}
 	// What each part reads (cmd/locks/run.go: needsPostgres, needsClickHouse, needsAMQP).
 	uses := map[string][]string{
-		"bridge":   {"LOCKS_AMQP_URL"},
+		"bridge":   {"LOCKS_POSTGRES_URL", "LOCKS_AMQP_URL"},
 		"state":    {"LOCKS_POSTGRES_URL"},
 		"history":  {"LOCKS_POSTGRES_URL", "LOCKS_CLICKHOUSE_URL"},
 		"notifier": {"LOCKS_POSTGRES_URL"},
@@ -468,7 +468,7 @@ func TestRenderScaled(t *testing.T) {
 	// Ports each part may reach besides DNS (53) and NATS (4222), from values-scaled.yaml;
 	// "any" is the webhooks' rule without ports.
 	reach := map[string][]string{
-		"bridge":   {"5671"},
+		"bridge":   {"5432", "5671"},
 		"state":    {"5432"},
 		"history":  {"5432", "9000"},
 		"notifier": {"5432", "any"},

@@ -73,6 +73,7 @@ func (r *run) killNode(i int, what string) {
 	n := r.c.Nodes[i]
 	t.Logf("SIGKILL %s, %s", n.Name, what)
 	leaderless := r.watchLeader()
+	metaless := r.watchMetaLeader()
 	at := time.Now()
 	if err := n.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -86,10 +87,10 @@ func (r *run) killNode(i int, what string) {
 	}
 	// What the kill cost: the longest stills from the kill until the flow is surely back.
 	backoff.Sleep(t.Context(), 15*time.Second)
-	none := leaderless()
+	none, meta := leaderless(), metaless()
 	state, hooks := r.stallsWithin(at, time.Now())
-	t.Logf("%s restarted after %s; around the kill committed readings stood still %s and webhooks %s; READINGS or EVENTS had no leader for %s",
-		n.Name, time.Since(at).Round(time.Second), state, hooks, none.Round(100*time.Millisecond))
+	t.Logf("%s restarted after %s; around the kill committed readings stood still %s and webhooks %s; READINGS or EVENTS had no leader for %s, the JetStream meta group for %s",
+		n.Name, time.Since(at).Round(time.Second), state, hooks, none.Round(100*time.Millisecond), meta.Round(100*time.Millisecond))
 	// The parts resume within 3 s of NATS having a leader again (the samples are a second
 	// apart, so a still is measured up to a second long).
 	if limit := none + 4*time.Second; state > limit || hooks > limit {
@@ -114,6 +115,68 @@ func (r *run) watchLeader() func() time.Duration {
 				st, err := r.js.Stream(qctx, name)
 				cancel()
 				led = led && err == nil && st.CachedInfo().Cluster != nil && st.CachedInfo().Cluster.Leader != ""
+			}
+			now := time.Now()
+			if led {
+				since = time.Time{}
+			} else if since.IsZero() {
+				since = now
+			}
+			if !since.IsZero() {
+				worst = max(worst, now.Sub(since))
+			}
+			select {
+			case <-ctx.Done():
+				done <- worst
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() time.Duration { stop(); return <-done }
+}
+
+// watchMetaLeader polls the nodes' /jsz until the returned function is called, which gives
+// the longest span in which the JetStream meta group had no leader that says so itself (a
+// follower names a dead leader for a while). Creating or deleting a consumer needs it.
+func (r *run) watchMetaLeader() func() time.Duration {
+	ctx, stop := context.WithCancel(r.t.Context())
+	done := make(chan time.Duration, 1)
+	client := &http.Client{Timeout: 300 * time.Millisecond}
+	leaderOf := func(i int) string {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.c.NodeMonitor(i)+"/jsz", nil)
+		if err != nil {
+			return ""
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		var jz struct {
+			Meta struct {
+				Leader string `json:"leader"`
+			} `json:"meta_cluster"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&jz) != nil {
+			return ""
+		}
+		return jz.Meta.Leader
+	}
+	go func() {
+		var worst time.Duration
+		var since time.Time
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			led := false
+			for i := range r.c.Nodes {
+				if l := leaderOf(i); l != "" {
+					if j := r.c.NodeIndex(l); j >= 0 && leaderOf(j) == l {
+						led = true
+						break
+					}
+				}
 			}
 			now := time.Now()
 			if led {

@@ -45,6 +45,9 @@ type Config struct {
 	// HistoryBatchSize and HistoryFlushInterval bound the history projector's batches.
 	HistoryBatchSize     int
 	HistoryFlushInterval time.Duration
+	// StateSeenInterval is how long the state projector may defer writing a sensor's
+	// liveness when nothing else of it changed; 0: every reading is written.
+	StateSeenInterval time.Duration
 	// WatchdogSweep is the period of the watchdog's reconciliation sweep.
 	WatchdogSweep time.Duration
 	// WatchdogMaxHold bounds how long the watchdog holds an expiry while the pipeline is behind.
@@ -63,6 +66,12 @@ type Config struct {
 	// ClockSkewMax is how far a reading's ts may be from its receive time before the bridge
 	// counts it in locks_bridge_clock_skew_total.
 	ClockSkewMax time.Duration
+	// UnregisteredMax is how many unregistered sensors are tracked (state, liveness key);
+	// readings of others are recorded, marked untracked (docs/security.md).
+	UnregisteredMax int
+	// AcceptUnregistered false: the bridge moves readings of unregistered sensors to the
+	// invalid queue.
+	AcceptUnregistered bool
 	// LeaseTTL is how long a process's claim on a partition lives without renewal: its
 	// partitions are taken over this long (plus a renewal period) after it dies.
 	LeaseTTL time.Duration
@@ -223,6 +232,15 @@ func settings() []setting {
 		{"LOCKS_NATS_KEY", "", "PEM key of LOCKS_NATS_CERT", str(func(c *Config) *string { return &c.NATSAuth.Key })},
 		{"LOCKS_NATS_DECLARE", "true", "create and update the streams and buckets at start; false only checks they exist (a part's NATS user may not declare)", boolean(func(c *Config) *bool { return &c.NATSDeclare })},
 		{"LOCKS_CLOCK_SKEW_MAX", "5m", "a reading whose ts is further than this from its receive time is counted in locks_bridge_clock_skew_total (docs/contract.md, Sensor clocks)", dur(func(c *Config) *time.Duration { return &c.ClockSkewMax })},
+		{"LOCKS_UNREGISTERED_MAX", "100000", "unregistered sensors tracked (state, liveness key); readings of further ones are recorded in READINGS but not tracked, counted in locks_unregistered_untracked_readings_total (docs/security.md, Unregistered sensors); 0: none", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 100_000_000 {
+				return errors.New("must be an integer from 0 to 100000000")
+			}
+			c.UnregisteredMax = n
+			return nil
+		}},
+		{"LOCKS_ACCEPT_UNREGISTERED", "true", "false: readings of sensors that are not registered go to the invalid queue (reason unregistered) instead of READINGS", boolean(func(c *Config) *bool { return &c.AcceptUnregistered })},
 		{"LOCKS_DATA_DIR", "./.locks", "embedded NATS store and other local state (the kept API token of go tool task up)", str(func(c *Config) *string { return &c.DataDir })},
 		{"LOCKS_HTTP_ADDR", "127.0.0.1:8080", "REST gateway, /openapi.json, /healthz, /readyz, /metrics and the dashboard at /ui/", addr(func(c *Config) *string { return &c.HTTPAddr })},
 		{"LOCKS_GRPC_ADDR", "127.0.0.1:9090", "gRPC", addr(func(c *Config) *string { return &c.GRPCAddr })},
@@ -301,6 +319,14 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_HISTORY_FLUSH_INTERVAL", "1s", "age at which the history projector writes a batch that is not full", dur(func(c *Config) *time.Duration { return &c.HistoryFlushInterval })},
+		{"LOCKS_STATE_SEEN_INTERVAL", "5s", "longest the state projector defers writing a sensor's last_seen_time and last_reading_time when nothing else of it changed (0 to 1m; 0 writes every reading); a change of state or connection is written at once, and the API states the bound with each state (docs/contract.md)", func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 || d > time.Minute {
+				return errors.New("must be a duration from 0s to 1m")
+			}
+			c.StateSeenInterval = d
+			return nil
+		}},
 		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's reconciliation sweep between the state projection and the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
 		{"LOCKS_WATCHDOG_MAX_HOLD", "15m", "longest an expiry is held while the pipeline is behind; then the sensor is declared lost anyway", dur(func(c *Config) *time.Duration { return &c.WatchdogMaxHold })},
 		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep that address private)", boolean(func(c *Config) *bool { return &c.Pprof })},

@@ -43,6 +43,9 @@ func MarshalLog(m Log) ([]byte, error) {
 		b = append(b, `,"lost_after":`...)
 		b = strconv.AppendInt(b, int64(m.LostAfter), 10)
 	}
+	if m.Untracked {
+		b = append(b, `,"untracked":true`...)
+	}
 	return append(b, '}'), nil
 }
 

@@ -22,7 +22,7 @@ func FuzzMarshalLog(f *testing.F) {
 		// Years beyond RFC 3339 (and beyond what UnixNano spans) by a shift in years.
 		tm := time.Unix(0, t1).In(loc).AddDate(int(t1%20000), 0, 0)
 		m := Log{V: v, Kind: kind, SensorID: sensor, Data: data, Time: tm, ReceivedTime: time.Unix(0, t2).In(loc),
-			MessageID: msgID, Origin: origin, LostAfter: time.Duration(lostAfter)}
+			MessageID: msgID, Origin: origin, LostAfter: time.Duration(lostAfter), Untracked: data == 1 && !utc}
 		got, gerr := MarshalLog(m)
 		want, werr := json.Marshal(m)
 		if (gerr == nil) != (werr == nil) || !bytes.Equal(got, want) {

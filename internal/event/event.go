@@ -45,6 +45,11 @@ var ErrVersion = errors.New("unknown envelope version")
 // For a liveness_timeout: ReceivedTime is the server time at which the watchdog saw the
 // sensor's key expire, and LostAfter the timeout in force for the sensor then, so that the
 // state projector decides from the log alone, the same way on every replay.
+//
+// Untracked marks a reading of an unregistered sensor that the bridge recorded beyond
+// LOCKS_UNREGISTERED_MAX: it stays in the log (and its history), but no part keeps state,
+// a liveness key or memory for it. The bridge decides it once, so every consumer, replay and
+// rebuild follows the same decision (docs/security.md, Unregistered sensors).
 type Log struct {
 	V            int           `json:"v"`
 	Kind         string        `json:"kind"`
@@ -55,6 +60,7 @@ type Log struct {
 	MessageID    string        `json:"message_id,omitempty"`
 	Origin       string        `json:"origin,omitempty"`
 	LostAfter    time.Duration `json:"lost_after,omitempty"`
+	Untracked    bool          `json:"untracked,omitempty"`
 }
 
 // DecodeLog parses a READINGS message.

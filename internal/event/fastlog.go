@@ -66,6 +66,15 @@ func decodeLogFast(b []byte) (m Log, ok bool) {
 				return m, false
 			}
 			m.LostAfter = time.Duration(n)
+		case "untracked":
+			switch {
+			case p.lit("true"):
+				m.Untracked = true
+			case p.lit("false"):
+				m.Untracked = false
+			default:
+				return m, false
+			}
 		case "time", "received_time":
 			start := p.i
 			if _, sok := p.str(); !sok {
@@ -116,6 +125,15 @@ func (p *fastParser) ws() {
 func (p *fastParser) byte(c byte) bool {
 	if p.i < len(p.b) && p.b[p.i] == c {
 		p.i++
+		return true
+	}
+	return false
+}
+
+// lit reads the literal s (true or false).
+func (p *fastParser) lit(s string) bool {
+	if len(p.b)-p.i >= len(s) && string(p.b[p.i:p.i+len(s)]) == s {
+		p.i += len(s)
 		return true
 	}
 	return false

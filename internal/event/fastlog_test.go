@@ -20,6 +20,7 @@ func logSeeds(t testing.TB) [][]byte {
 	for _, l := range []Log{
 		{V: Version, Kind: KindReading, SensorID: "lock-1", Data: 1, Time: ts, ReceivedTime: ts.Add(time.Second), MessageID: "m-1", Origin: "s3ss10n/42"},
 		{V: Version, Kind: KindReading, SensorID: "x", Data: 0, Time: ts, ReceivedTime: ts},
+		{V: Version, Kind: KindReading, SensorID: "stranger", Data: 1, Time: ts, ReceivedTime: ts, Untracked: true},
 		{V: Version, Kind: KindLivenessTimeout, SensorID: "lock_2", ReceivedTime: ts, LostAfter: time.Hour},
 	} {
 		b, err := json.Marshal(l)
@@ -49,12 +50,13 @@ func TestDecodeLogFast(t *testing.T) {
 		`{"sensor_id":"` + "\xff" + `"}`,
 		`{"v":1}x`, `{"v":1,}`, `{"v" 1}`, `[1]`, ``, `{"v":99999999999999999999999}`,
 		`{"time":"2026-11-22 10:00:00"}`,
+		`{"untracked":1}`, `{"untracked":tru}`, `{"untracked":"true"}`,
 	} {
 		if got, ok := decodeLogFast([]byte(in)); ok {
 			t.Errorf("%q: the fast path accepted it as %+v; it must fall back", in, got)
 		}
 	}
-	for _, in := range []string{` { "v" : 1 , "data" : 0 } `, `{}`, `{"v":1,"v":2}`, `{"lost_after":9223372036854775807}`} {
+	for _, in := range []string{` { "v" : 1 , "data" : 0 } `, `{}`, `{"v":1,"v":2}`, `{"lost_after":9223372036854775807}`, `{"untracked":false}`} {
 		got, ok := decodeLogFast([]byte(in))
 		want, err := jsonLog([]byte(in))
 		if !ok || err != nil || !reflect.DeepEqual(got, want) {

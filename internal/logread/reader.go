@@ -66,7 +66,10 @@ type Reader struct {
 	cons  jetstream.Consumer
 	cseq  uint64 // the consumer sequence of the last message returned
 	stale bool   // the run broke: recreate before the next fetch
-	idle  *jetstream.ConsumerInfo
+	// lost: the connection was lost during a fetch; the next one checks the consumer first
+	// (checkLoss) and keeps it when nothing went astray.
+	lost bool
+	idle *jetstream.ConsumerInfo
 }
 
 // New opens stream (filtered by filter, "" for all) at sequence start (0 or 1: the
@@ -164,7 +167,7 @@ func (r *Reader) open(ctx context.Context) error {
 		cons, err = r.js.CreateConsumer(actx, r.spec.Stream, cfg)
 		cancel()
 		if err == nil {
-			r.cons, r.cseq, r.next, r.stale = cons, 0, start, false
+			r.cons, r.cseq, r.next, r.stale, r.lost = cons, 0, start, false, false
 			return nil
 		}
 		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
@@ -189,6 +192,13 @@ func StreamState(ctx context.Context, js jetstream.JetStream, stream string) (je
 const (
 	openTimeout        = time.Minute
 	durableOpenTimeout = 5 * time.Second
+)
+
+// infoTimeout bounds the idle check of a consumer's state, which a healthy server answers in
+// milliseconds; a pull that asks not to wait and takes noWaitUnanswered got no answer.
+const (
+	infoTimeout      = time.Second
+	noWaitUnanswered = 900 * time.Millisecond
 )
 
 // Pending is the number of messages after the last one returned, as the consumer was
@@ -254,13 +264,27 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	// Requests end with the connection they went out on: their answers would never come.
 	ctx, cancel := natsx.UntilLost(pctx, r.js.Conn())
 	defer cancel()
+	if r.cons != nil && !r.stale && r.lost {
+		r.lost = false
+		if reason := r.checkLoss(ctx); reason != "" {
+			r.stale = true
+			if r.spec.OnGap != nil {
+				r.spec.OnGap(reason)
+			}
+		}
+	}
 	if r.cons == nil || r.stale {
 		if err := r.open(ctx); err != nil {
 			return nil, false, err
 		}
 	}
+	asked := time.Now()
 	msgs, err := Drain(r.cons.FetchNoWait(n))
-	if err == nil && len(msgs) == 0 && wait > 0 {
+	// The server answers a pull that asks not to wait at once, if only to say there is
+	// nothing; nats.go ends one that got no answer after a second, as if empty. No answer
+	// means a consumer without a leader (or an answer lost): read again from a new one.
+	unanswered := err == nil && len(msgs) == 0 && time.Since(asked) >= noWaitUnanswered
+	if err == nil && len(msgs) == 0 && wait > 0 && !unanswered {
 		fctx, cancel := context.WithTimeout(ctx, wait)
 		msgs, err = Drain(r.cons.Fetch(1, jetstream.FetchContext(fctx)))
 		cancel()
@@ -271,6 +295,9 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	}
 	out := msgs[:0]
 	reason := ""
+	if unanswered {
+		reason = "the consumer did not answer a pull (no leader?)"
+	}
 	for _, m := range msgs {
 		md, merr := m.Metadata()
 		switch {
@@ -289,7 +316,7 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	}
 	switch {
 	case err != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
-		reason, err = "the NATS connection was lost", nil
+		r.lost, err = true, nil
 	case err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) && ctx.Err() == nil,
 		err != nil && strings.Contains(err.Error(), "MaxAckPending"):
 		// Nothing more now: the wait ran out, or the part holds as many as it may.
@@ -301,13 +328,20 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	if err == nil && reason == "" && len(msgs) == 0 && wait > 0 {
 		// Idle. A message lost at the tail has no successor to show the gap: the consumer's
 		// count of deliveries does.
-		info, ierr := r.cons.Info(ctx)
+		// Bounded: a consumer whose leader went down with a NATS node answers nothing until
+		// it has a new one (seconds to minutes), and waiting the API's default 5 s for it
+		// held the part that long; a new consumer reads at once.
+		ictx, icancel := context.WithTimeout(ctx, infoTimeout)
+		info, ierr := r.cons.Info(ictx)
+		icancel()
 		r.idle = info
 		switch {
 		case errors.Is(ierr, jetstream.ErrConsumerNotFound):
 			reason = "consumer gone"
+		case ierr != nil && ctx.Err() == nil && (errors.Is(ierr, context.DeadlineExceeded) || errors.Is(ierr, nats.ErrTimeout)):
+			reason = "the consumer did not answer within " + infoTimeout.String() + " (no leader?)"
 		case ierr != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
-			reason = "the NATS connection was lost"
+			r.lost = true
 		case ierr != nil:
 			err = ierr
 		case info.Delivered.Consumer > r.cseq:
@@ -326,6 +360,23 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		return out, gap, fmt.Errorf("read %s: %w", r.spec.Stream, err)
 	}
 	return out, gap, nil
+}
+
+// checkLoss asks the consumer, after the connection was lost during a fetch, whether it
+// delivered anything that did not arrive, and returns why the run broke, or "" to read on
+// from it. Reading on needs only the consumer's leader; a new consumer needs the cluster's
+// meta leader too, which may be the very node that went down.
+func (r *Reader) checkLoss(ctx context.Context) string {
+	ictx, cancel := context.WithTimeout(ctx, infoTimeout)
+	info, err := r.cons.Info(ictx)
+	cancel()
+	switch {
+	case err != nil:
+		return "the NATS connection was lost, and the consumer did not answer after: " + err.Error()
+	case info.Delivered.Consumer != r.cseq:
+		return fmt.Sprintf("the NATS connection was lost with %d deliveries in flight", info.Delivered.Consumer-r.cseq)
+	}
+	return ""
 }
 
 // Drain collects a fetched batch; the end of the messages (ErrNoMessages) is no error.

@@ -1,7 +1,9 @@
 package logread
 
 import (
+	"bytes"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +147,170 @@ func TestDurableReaderRepairsALostDelivery(t *testing.T) {
 	}
 	if len(got) != 20 || len(gaps) != 1 {
 		t.Fatalf("%d messages (want 20), broken runs reported %q (want one)", len(got), gaps)
+	}
+}
+
+// A consumer that stops answering (its leader went down with a NATS node, and the new one is
+// not elected yet) is recreated after one idle check, not after the API's 5 s timeout: the
+// answer to that check is lost in flight, and the reader reads on within two seconds.
+func TestIdleReaderRecreatesAConsumerThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(i int) {
+		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(0)
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	var gaps []string
+	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
+		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
+		OnGap: func(reason string) { gaps = append(gaps, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("first fetch: %d messages, %v", len(msgs), err)
+	}
+	_ = msgs[0].Ack()
+	lost := proxy.DropBody(func(_, _ string, body []byte) bool {
+		return bytes.Contains(body, []byte(`"type":"io.nats.jetstream.api.v1.consumer_info_response"`))
+	})
+	start := time.Now()
+	msgs, err = r.Fetch(t.Context(), 10, 200*time.Millisecond) // idle: its check goes unanswered
+	if err != nil || len(msgs) != 0 {
+		t.Fatalf("idle fetch: %d messages, %v; want none and no error", len(msgs), err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("the proxy lost no consumer info answer: the test shows nothing")
+	}
+	if len(gaps) != 1 || !strings.Contains(gaps[0], "did not answer") {
+		t.Fatalf("broken runs reported %q, want one saying the consumer did not answer", gaps)
+	}
+	publish(1)
+	var got []uint64
+	for len(got) == 0 && time.Since(start) < 10*time.Second {
+		msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			md, _ := m.Metadata()
+			got = append(got, md.Sequence.Stream)
+		}
+	}
+	if len(got) != 1 || got[0] != 2 {
+		t.Fatalf("after the recreation: sequences %v, want [2]", got)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("reading again took %v after an unanswered check, want within 2 s", took)
+	}
+}
+
+// A pull that asks not to wait always gets an answer, if only "no messages"; one that gets
+// none (the consumer's leader is gone, or the answer was lost) makes the reader read on from
+// a new consumer at once.
+func TestReaderRecreatesAfterAnUnansweredPull(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	var gaps []string
+	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
+		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
+		OnGap: func(reason string) { gaps = append(gaps, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := proxy.DropBody(func(_, reply string, body []byte) bool {
+		return reply == "" && bytes.HasPrefix(body, []byte("NATS/1.0 404"))
+	})
+	if msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond); err != nil || len(msgs) != 0 {
+		t.Fatalf("fetch on an empty stream: %d messages, %v", len(msgs), err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("the proxy lost no pull answer: the test shows nothing")
+	}
+	if len(gaps) != 1 || !strings.Contains(gaps[0], "did not answer a pull") {
+		t.Fatalf("broken runs reported %q, want one saying a pull got no answer", gaps)
+	}
+	if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s1"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := r.Fetch(t.Context(), 10, time.Second)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("after the recreation: %d messages, %v; want the one published", len(msgs), err)
+	}
+}
+
+// A connection lost while the reader waits for a pull loses nothing when the consumer had
+// nothing to deliver: the reader reads on from the same consumer, which needs no meta leader
+// (recreating it would), and only recreates it when a delivery went astray.
+func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
+	t.Parallel()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(i int) {
+		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	var gaps []string
+	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
+		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
+		OnGap: func(reason string) { gaps = append(gaps, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := r.Consumer().CachedInfo().Created
+	var got []uint64
+	read := func(wait time.Duration) {
+		msgs, err := r.Fetch(t.Context(), 10, wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			md, _ := m.Metadata()
+			got = append(got, md.Sequence.Stream)
+			_ = m.Ack()
+		}
+	}
+	publish(0)
+	read(200 * time.Millisecond)
+	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	read(3 * time.Second) // waiting when the connection goes
+	publish(1)
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); {
+		read(500 * time.Millisecond)
+	}
+	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("sequences %v, want [1 2]", got)
+	}
+	if len(gaps) != 0 {
+		t.Fatalf("broken runs reported %q, want none: nothing was in flight", gaps)
+	}
+	info, err := r.Consumer().Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Created.Equal(created) {
+		t.Fatalf("the consumer was recreated (%v, first %v): it needed the meta leader for nothing", info.Created, created)
 	}
 }

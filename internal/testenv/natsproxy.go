@@ -27,7 +27,7 @@ type NATSProxy struct {
 }
 
 type drop struct {
-	match func(subject, reply string) bool
+	match func(subject, reply string, body []byte) bool
 	done  chan string
 }
 
@@ -59,6 +59,12 @@ func NewNATSProxy(t testing.TB, target string) *NATSProxy {
 // match is not passed on. The channel receives its reply subject (for a JetStream delivery,
 // $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>...) when it is dropped.
 func (p *NATSProxy) DropOne(match func(subject, reply string) bool) <-chan string {
+	return p.DropBody(func(subject, reply string, _ []byte) bool { return match(subject, reply) })
+}
+
+// DropBody is DropOne with the message's payload (headers included) to match on too: the
+// answer to one kind of JetStream API request, say.
+func (p *NATSProxy) DropBody(match func(subject, reply string, body []byte) bool) <-chan string {
 	d := &drop{match: match, done: make(chan string, 1)}
 	p.mu.Lock()
 	p.drops = append(p.drops, d)
@@ -99,14 +105,14 @@ func (p *NATSProxy) Cut() {
 }
 
 // take reports whether a message is to be dropped, disarming the drop that matched.
-func (p *NATSProxy) take(subject, reply string) bool {
+func (p *NATSProxy) take(subject, reply string, body []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.held {
 		return true
 	}
 	for i, d := range p.drops {
-		if d.match(subject, reply) {
+		if d.match(subject, reply, body) {
 			p.drops = append(p.drops[:i], p.drops[i+1:]...)
 			d.done <- reply
 			return true
@@ -161,7 +167,7 @@ func (p *NATSProxy) serverToClient(s, c net.Conn) {
 			if n := len(f); string(f[0]) == "MSG" && n == 5 || string(f[0]) == "HMSG" && n == 6 {
 				reply = string(f[3])
 			}
-			keep = !p.take(string(f[1]), reply)
+			keep = !p.take(string(f[1]), reply, body)
 		}
 		if keep {
 			if _, err := w.Write(out); err != nil {

@@ -47,6 +47,7 @@ func (s *Projector) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg
 // batch is one batch of a partition inside its transaction: what the steps of applyBatch
 // read and write.
 type batch struct {
+	s     *Projector
 	tx    pgx.Tx
 	p     int
 	epoch int64 // the fence: the transaction rolls back unless it is still p's epoch
@@ -54,19 +55,26 @@ type batch struct {
 	// ids are the batch's sensors in first-seen order; missing those not in the cache.
 	ids, missing []string
 	cp           uint64          // the checkpoint, locked
+	seen         uint64          // up to where liveness is in the rows (seen.go)
 	rows         map[string]row  // the batch's sensors' rows, as loaded and then stepped
 	exists       map[string]bool // rows loaded: updated in place; the others are inserted
 	dirty        map[string]bool // rows step wrote
-	evs          []event.Event
+	changed      map[string]bool // rows of sensors that had an event: written at once
+	// flush: every row step touched is written, and every pending one (seen.go); deferred
+	// are the rows whose liveness this batch leaves pending instead.
+	flush    bool
+	deferred []string
+	evs      []event.Event
 	// evTP are the traceparents of evs' readings, only while tracing (traced).
 	evTP    []string
 	traced  bool
 	applied int
 	skipped int
+	behind  bool // the whole batch was at or below the checkpoint
 }
 
-func newBatch(tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
-	b := &batch{tx: tx, p: p, epoch: epoch, cache: cache}
+func newBatch(s *Projector, tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
+	b := &batch{s: s, tx: tx, p: p, epoch: epoch, cache: cache}
 	seen := make(map[string]bool, len(items))
 	for _, it := range items {
 		if !seen[it.log.SensorID] {
@@ -109,18 +117,53 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 	if cache == nil {
 		cache = newRowCache(0)
 	}
-	if len(cache.rows) > cache.max {
-		cache.clear()
+	b, err = s.commit(ctx, p, epoch, items, lastSeq, cache, false)
+	if err != nil {
+		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
 	}
-	start := time.Now()
-	err = pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
-		b = newBatch(tx, p, epoch, items, cache)
+	if b.behind {
+		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
+		cache.clear()
+	} else {
+		committed := time.Now()
+		for _, it := range items {
+			s.m.stage.Between(it.log.ReceivedTime, committed)
+		}
+	}
+	s.m.batch.Observe(float64(len(msgs)))
+	s.m.applied.Add(float64(b.applied))
+	if b.skipped > 0 {
+		s.m.skipped.WithLabelValues("already_applied").Add(float64(b.skipped))
+	}
+	for _, e := range b.evs {
+		s.m.events.WithLabelValues(e.Type).Inc()
+	}
+	return nil
+}
+
+// commit applies items (the decoded messages up to lastSeq) to partition p in one
+// transaction, and records in cache what it committed. With no items (lastSeq 0) it writes
+// the pending liveness only (flushSeen). flush writes every pending row, due or not.
+func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item, lastSeq uint64, cache *rowCache, flush bool) (*batch, error) {
+	now := time.Now()
+	// A full cache is emptied, after its pending liveness is written.
+	full := len(cache.rows) > cache.max
+	if full && len(cache.pending) == 0 {
+		cache.clear()
+		full = false
+	}
+	var b *batch
+	err := pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
+		b = newBatch(s, tx, p, epoch, items, cache)
 		b.traced = s.tracer != nil
+		b.flush = flush || s.cfg.SeenInterval == 0 || full || cache.seenDue(now, s.cfg.SeenInterval)
 		if err := b.lockAndLoad(ctx); err != nil {
 			return err
 		}
-		if lastSeq <= b.cp {
-			b.skipped = len(msgs)
+		if lastSeq == 0 {
+			lastSeq = b.cp // nothing to apply: the checkpoint stays
+		} else if lastSeq <= b.cp {
+			b.skipped, b.behind = len(items), true
 			return nil
 		}
 		b.stepAll(items)
@@ -134,24 +177,22 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 	})
 	if err != nil {
 		cache.clear()
-		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
+		return b, err
 	}
-	for id, r := range b.rows {
-		cache.rows[id] = r
-	}
-	cache.cp = max(lastSeq, cache.cp)
-	if b.skipped == len(msgs) {
-		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
+	cache.committed(b, time.Now())
+	cache.cp, cache.stale = max(lastSeq, cache.cp), false
+	if full {
 		cache.clear()
 	}
-	s.m.commit.Observe(time.Since(start).Seconds())
-	s.m.batch.Observe(float64(len(msgs)))
-	s.m.applied.Add(float64(b.applied))
-	if b.skipped > 0 {
-		s.m.skipped.WithLabelValues("already_applied").Add(float64(b.skipped))
-	}
-	for _, e := range b.evs {
-		s.m.events.WithLabelValues(e.Type).Inc()
+	s.m.commit.Observe(time.Since(now).Seconds())
+	return b, nil
+}
+
+// flushSeen writes partition p's pending liveness in a transaction of its own (when the
+// partition is idle and it is due, or stops), after replaying what a lost memory deferred.
+func (s *Projector) flushSeen(ctx context.Context, p int, epoch int64, cache *rowCache) error {
+	if _, err := s.commit(ctx, p, epoch, nil, 0, cache, true); err != nil {
+		return fmt.Errorf("partition %d: write pending liveness: %w", p, err)
 	}
 	return nil
 }
@@ -207,7 +248,7 @@ func (b *batch) lockCheckpoint(br pgx.BatchResults) error {
 	if err != nil {
 		return fmt.Errorf("lock checkpoint: %w", err)
 	}
-	b.cp = cp.seq
+	b.cp, b.seen = cp.seq, cp.seen
 	if cp.seq > 0 && cp.stream != "" && b.cache.stream != "" && cp.stream != b.cache.stream {
 		// Rebased or written by a process on another stream since this consumer was
 		// created: deciding by this sequence would skip or repeat readings.
@@ -236,6 +277,15 @@ func (b *batch) loadRows(ctx context.Context) error {
 		}
 	} else {
 		b.cache.clear()
+		if b.seen < b.cp {
+			// Liveness deferred by a memory that is gone: replayed first, and every row
+			// read again after it.
+			if err := b.recoverSeen(ctx); err != nil {
+				return err
+			}
+			clear(b.rows)
+			b.missing = nil
+		}
 		if len(b.missing) < len(b.ids) {
 			rows, err := b.tx.Query(ctx, selectRows, b.ids)
 			if err == nil {
@@ -256,6 +306,7 @@ func (b *batch) loadRows(ctx context.Context) error {
 // stepAll applies the items above the checkpoint to the rows, in order.
 func (b *batch) stepAll(items []item) {
 	b.dirty = make(map[string]bool, len(b.ids))
+	b.changed = make(map[string]bool)
 	for _, it := range items {
 		if it.seq <= b.cp {
 			b.skipped++
@@ -274,23 +325,41 @@ func (b *batch) stepAll(items []item) {
 		if touched {
 			b.rows[it.log.SensorID] = cur
 			b.dirty[it.log.SensorID] = true
+			if len(b.evs) > n {
+				b.changed[it.log.SensorID] = true
+			}
 		}
 	}
 }
 
-// queueRows queues the writes of the rows step touched and returns how many are updates.
+// queueRows queues the writes of the rows step touched that had an event (all of them, and
+// those pending, when b.flush), and returns how many are updates; the others are deferred
+// (seen.go).
 func (b *batch) queueRows(w *pgx.Batch) int {
 	var upd, ins columns
 	for _, id := range b.ids {
-		if !b.dirty[id] {
+		switch {
+		case !b.dirty[id]:
 			continue
-		}
-		if b.exists[id] {
+		case !b.changed[id] && !b.flush:
+			b.deferred = append(b.deferred, id)
+			continue
+		case b.exists[id]:
 			upd.add(id, b.p, b.rows[id])
-		} else {
+		default:
 			ins.add(id, b.p, b.rows[id])
 		}
 	}
+	if b.flush {
+		// Every pending row exists (a sensor's first reading is a change) and is cached.
+		for id := range b.cache.pending {
+			if !b.dirty[id] {
+				upd.add(id, b.p, b.cache.rows[id])
+			}
+		}
+	}
+	b.s.m.rows.WithLabelValues("change").Add(float64(len(b.changed)))
+	b.s.m.rows.WithLabelValues("seen").Add(float64(len(upd.id) + len(ins.id) - len(b.changed)))
 	queueRows(w, "sensor_state", &upd, &ins)
 	return len(upd.id)
 }
@@ -324,10 +393,15 @@ func (b *batch) queueOutbox(w *pgx.Batch) error {
 	return nil
 }
 
-// queueCheckpoint queues the checkpoint's advance to lastSeq, naming the consumer's stream.
+// queueCheckpoint queues the checkpoint's advance to lastSeq, naming the consumer's stream,
+// and where the liveness in the rows is up to: unchanged while some is pending, from the
+// batch on when only it defers some (everything up to the checkpoint it found is written),
+// and NULL when nothing is pending.
 func (b *batch) queueCheckpoint(w *pgx.Batch, lastSeq uint64) {
-	w.Queue(`UPDATE checkpoints SET seq = $3, stream = coalesce(nullif($4, ''), stream), updated_at = now() WHERE projection = $1 AND partition = $2`,
-		Name, b.p, int64(lastSeq), b.cache.stream)
+	w.Queue(`UPDATE checkpoints SET seq = $3, stream = coalesce(nullif($4, ''), stream),
+			seen_seq = CASE WHEN $5::bool THEN coalesce(seen_seq, $6) END, updated_at = now()
+		WHERE projection = $1 AND partition = $2`,
+		Name, b.p, int64(lastSeq), b.cache.stream, b.pendingAfter(), int64(b.cp))
 }
 
 // send runs w; its first statement is the UPDATE of the updated rows when there are any,

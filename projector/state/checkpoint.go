@@ -85,7 +85,7 @@ func streamIdentity(info *jetstream.StreamInfo) string {
 }
 
 func readingsPosition(ctx context.Context, js jetstream.JetStream) (streamPosition, error) {
-	st, err := js.Stream(ctx, natsx.ReadingsStream)
+	st, err := natsx.Stream(ctx, js, natsx.ReadingsStream)
 	if err != nil {
 		return streamPosition{}, fmt.Errorf("%s info: %w", natsx.ReadingsStream, err)
 	}

@@ -13,7 +13,7 @@ import (
 
 // selectCheckpoint reads one checkpoint; lockCheckpoint locks its row too.
 const (
-	selectCheckpoint = `SELECT seq, coalesce(stream, '') FROM checkpoints WHERE projection = $1 AND partition = $2`
+	selectCheckpoint = `SELECT seq, coalesce(stream, ''), coalesce(seen_seq, seq) FROM checkpoints WHERE projection = $1 AND partition = $2`
 	lockCheckpoint   = selectCheckpoint + ` FOR UPDATE`
 )
 
@@ -21,6 +21,9 @@ const (
 type checkpointRow struct {
 	seq    uint64
 	stream string
+	// seen is the sequence up to which every reading's liveness is in the rows (seen.go);
+	// seq when nothing is deferred.
+	seen uint64
 }
 
 type querier interface {
@@ -33,12 +36,12 @@ type rowQuerier interface {
 
 // scanCheckpoint scans a row of selectCheckpoint.
 func scanCheckpoint(r pgx.Row) (checkpointRow, error) {
-	var seq int64
+	var seq, seen int64
 	var cp checkpointRow
-	if err := r.Scan(&seq, &cp.stream); err != nil {
+	if err := r.Scan(&seq, &cp.stream, &seen); err != nil {
 		return checkpointRow{}, err
 	}
-	cp.seq = uint64(seq)
+	cp.seq, cp.seen = uint64(seq), uint64(seen)
 	return cp, nil
 }
 

@@ -33,6 +33,9 @@ const (
 	RelayBatchDefault     = 1000
 	PublishTimeoutDefault = 10 * time.Second
 	CacheSensorsDefault   = 100_000
+	// SeenIntervalDefault is LOCKS_STATE_SEEN_INTERVAL's default; Config.SeenInterval's zero
+	// value writes every reading, as before coalescing.
+	SeenIntervalDefault = 5 * time.Second
 )
 
 // Config configures the state projector and its outbox relay.
@@ -65,6 +68,11 @@ type Config struct {
 	// CacheSensors bounds the rows kept in memory per partition between batches (about 200
 	// bytes each). A full cache is emptied and refilled.
 	CacheSensors int
+	// SeenInterval is how long a sensor's liveness (last_seen, last_reading_time, last_seq)
+	// may wait in memory before it is written when nothing else of the sensor changed
+	// (seen.go): a change of state, connection or revision is written at once. 0: every
+	// reading writes its row.
+	SeenInterval time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -107,6 +115,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("state projector: ack wait %s < 1s", c.AckWait)
 	case c.IdleWait <= 0 || c.RelayPoll <= 0 || c.PublishTimeout <= 0:
 		return errors.New("state projector: idle wait, relay poll and publish timeout must be > 0")
+	case c.SeenInterval < 0 || c.SeenInterval > SeenIntervalMax:
+		return fmt.Errorf("state projector: seen interval %s not in 0..%s", c.SeenInterval, SeenIntervalMax)
 	}
 	for _, p := range c.Partitions {
 		if p < 0 || p >= c.PartitionCount {

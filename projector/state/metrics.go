@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 )
 
 type metrics struct {
@@ -15,6 +17,13 @@ type metrics struct {
 	lag     *prometheus.GaugeVec
 	// lagSeconds is how long the newest message fetched had been in READINGS.
 	lagSeconds *prometheus.GaugeVec
+	// stage is this part's hop of locks_stage_seconds: received → committed.
+	stage stage.Observer
+	// rows are the sensor_state rows written, by why: change (the sensor had an event) or
+	// seen (its liveness only, coalesced: seen.go).
+	rows *prometheus.CounterVec
+	// seenReplayed are rows whose deferred liveness was replayed from READINGS.
+	seenReplayed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,11 +42,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "READINGS messages of the partition not yet delivered to the state projector."}, []string{"partition"}),
 		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_state_lag_seconds",
 			Help: "Age of the newest READINGS message fetched by the state projector (0 when caught up)."}, []string{"partition"}),
+		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "locks_state_rows_written_total",
+			Help: "sensor_state rows written, by why: change (the sensor had an event) or seen (liveness only, written at most every LOCKS_STATE_SEEN_INTERVAL)."}, []string{"why"}),
+		seenReplayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_state_seen_replayed_total",
+			Help: "sensor_state rows whose deferred liveness was replayed from READINGS after a restart, a takeover or a failed transaction."}),
 	}
-	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag, m.lagSeconds} {
+	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag, m.lagSeconds, m.rows, m.seenReplayed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("state projector metrics: %w", err)
 		}
 	}
-	return m, nil
+	var err error
+	m.stage, err = stage.New(reg, stage.State)
+	return m, err
 }

@@ -44,7 +44,20 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 	// Transient failures (a database or NATS away) are retried without end, waiting longer
 	// each time up to retryMax.
 	retry := backoff.New(retryMin, retryMax)
+	defer w.flushAtStop(ctx)
 	for ctx.Err() == nil {
+		if err := w.flushSeen(ctx); err != nil {
+			if errors.Is(err, lease.ErrFenced) {
+				return err
+			}
+			// On to the fetch, which says why if the checkpoint no longer fits READINGS
+			// (resume) and else waits for Postgres with the batch.
+			w.log.Warn("write pending liveness", "err", err)
+			if w.r != nil {
+				w.r.Reopen()
+			}
+			retry.Wait(ctx)
+		}
 		msgs, err := w.fetch(ctx)
 		if err != nil {
 			var mm *CheckpointMismatchError
@@ -72,15 +85,11 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 		if err == nil {
 			crashpoint.Hit(CrashAfterCommit)
 			s.nudge(p)
-			// AckAll: the last message acks the batch, and the run holds no gap. A lost ack
-			// reply (NATS restarting) must not hold the partition: the checkpoint makes a
-			// missing ack harmless.
-			ackCtx, ackCancel := context.WithTimeout(actx, 5*time.Second)
-			ackCtx, lostCancel := natsx.UntilLost(ackCtx, s.js.Conn())
-			aerr := msgs[len(msgs)-1].DoubleAck(ackCtx)
-			lostCancel()
-			ackCancel()
-			if aerr != nil {
+			// AckAll: the last message acks the batch, and the run holds no gap. Not waited
+			// for: the server takes it before this connection's next pull, and a lost one
+			// (NATS restarting) only comes back as a redelivery, which makes the reader resume
+			// from the checkpoint, as does the lost connection itself.
+			if aerr := msgs[len(msgs)-1].Ack(); aerr != nil {
 				w.log.Debug("ack batch; the consumer will be recreated from the checkpoint", "err", aerr)
 				w.r.Reopen()
 			}
@@ -99,6 +108,48 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 		retry.Reset()
 	}
 	return nil
+}
+
+// flushSeen writes the partition's pending liveness when it is due (seen.go); batches write
+// it as well, so this is what an idle partition does. When the memory was lost (at start,
+// after a failed transaction) and the checkpoint says liveness was deferred, it replays
+// that at once rather than with the next reading, which may be long in coming.
+func (w *partitionWorker) flushSeen(ctx context.Context) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.s.cfg.AckWait/2)
+	defer cancel()
+	if w.cache.stale {
+		if w.cache.stream == "" {
+			// Not before the consumer has checked that the checkpoint belongs to READINGS
+			// (resume, at the first fetch): the replay reads READINGS from it.
+			return nil
+		}
+		ck, err := readCheckpoint(fctx, w.s.pg, Name, w.p)
+		if err != nil {
+			return err
+		}
+		if ck.seen >= ck.seq {
+			w.cache.stale = false // the next batch loads what it needs
+			return nil
+		}
+		return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
+	}
+	if w.s.cfg.SeenInterval == 0 || !w.cache.seenDue(time.Now(), w.s.cfg.SeenInterval) {
+		return nil
+	}
+	return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
+}
+
+// flushAtStop writes the pending liveness when the partition stops cleanly, so that the next
+// owner has none to replay; after a crash the next owner replays it from READINGS instead.
+func (w *partitionWorker) flushAtStop(ctx context.Context) {
+	if ctx.Err() == nil || len(w.cache.pending) == 0 {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := w.s.flushSeen(fctx, w.p, w.epoch, w.cache); err != nil {
+		w.log.Info("pending liveness not written at stop; the next owner replays it from READINGS", "err", err)
+	}
 }
 
 // resume is where the partition's consumer starts, once the checkpoint is known to belong
@@ -142,7 +193,16 @@ func (w *partitionWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 		}
 		w.r = r
 	}
-	msgs, err := w.r.Fetch(ctx, w.s.cfg.BatchSize, w.s.cfg.IdleWait)
+	wait := w.s.cfg.IdleWait
+	switch {
+	case w.cache.stale:
+		// Back at once for flushSeen's replay, now that the checkpoint is checked.
+		wait = 0
+	case w.s.cfg.SeenInterval > 0:
+		// Awake when the pending liveness is due, to write it.
+		wait = w.cache.seenWait(time.Now(), w.s.cfg.SeenInterval, wait)
+	}
+	msgs, err := w.r.Fetch(ctx, w.s.cfg.BatchSize, wait)
 	if err == nil && len(msgs) == 0 {
 		if info := w.r.IdleInfo(); info != nil {
 			w.s.m.lag.WithLabelValues(strconv.Itoa(w.p)).Set(float64(info.NumPending))

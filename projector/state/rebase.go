@@ -36,7 +36,9 @@ type RebaseResult struct {
 // has applied already, and only the operator knows where the new ones begin.
 //
 // A rebuild's shadow (which followed the old checkpoints) is dropped with it; a rebuild
-// running meanwhile fails and can be started again.
+// running meanwhile fails and can be started again. Liveness the projector had deferred on
+// the old stream (seen.go) cannot be replayed from the new one: it stays as last written, at
+// most LOCKS_STATE_SEEN_INTERVAL old.
 func Rebase(ctx context.Context, js jetstream.JetStream, pg *pgxpool.Pool, fromSeq uint64, log *slog.Logger) (RebaseResult, error) {
 	pos, err := readingsPosition(ctx, js)
 	if err != nil {
@@ -62,7 +64,7 @@ func Rebase(ctx context.Context, js jetstream.JetStream, pg *pgxpool.Pool, fromS
 			}
 		}
 		for _, e := range bad {
-			if _, err := tx.Exec(ctx, `UPDATE checkpoints SET seq = $3, stream = $4, updated_at = now() WHERE projection = $1 AND partition = $2`,
+			if _, err := tx.Exec(ctx, `UPDATE checkpoints SET seq = $3, stream = $4, seen_seq = NULL, updated_at = now() WHERE projection = $1 AND partition = $2`,
 				Name, e.Partition, int64(res.From-1), pos.id); err != nil {
 				return fmt.Errorf("rebase checkpoint of partition %d: %w", e.Partition, err)
 			}

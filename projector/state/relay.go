@@ -18,6 +18,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/outbox"
+	"github.com/lock-sensors/lock-sensors/internal/stage"
 	"github.com/lock-sensors/lock-sensors/internal/staterev"
 )
 
@@ -42,6 +43,7 @@ type Relay struct {
 
 	published prometheus.Counter
 	latency   prometheus.Histogram
+	stage     stage.Observer
 }
 
 func newRelay(cfg Config, d Deps) (*Relay, error) {
@@ -56,6 +58,10 @@ func newRelay(cfg Config, d Deps) (*Relay, error) {
 		if err := d.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("relay metrics: %w", err)
 		}
+	}
+	var err error
+	if r.stage, err = stage.New(d.Registerer, stage.Relay); err != nil {
+		return nil, err
 	}
 	for _, p := range cfg.candidates() {
 		or, err := outbox.New(outbox.Config{
@@ -102,6 +108,7 @@ func (r *Relay) wake(p int) {
 func (r *Relay) observe(rows []outbox.Row) {
 	for _, o := range rows {
 		r.latency.Observe(time.Since(o.Created).Seconds())
+		r.stage.Since(o.Created)
 	}
 	r.published.Add(float64(len(rows)))
 	crashpoint.Hit(CrashRelayAfterPublish)
@@ -111,7 +118,7 @@ func (r *Relay) observe(rows []outbox.Row) {
 // window catches a quick republish, but not one after a long outage, so each sensor's last
 // event in EVENTS is looked up and rows at or below its revision are dropped unpublished.
 func (r *Relay) check(ctx context.Context, p int, rows []outbox.Row) ([]outbox.Row, []int64, error) {
-	st, err := r.js.Stream(ctx, natsx.EventsStream)
+	st, err := natsx.Stream(ctx, r.js, natsx.EventsStream)
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up %s: %w", natsx.EventsStream, err)
 	}
@@ -120,7 +127,9 @@ func (r *Relay) check(ctx context.Context, p int, rows []outbox.Row) ([]outbox.R
 		if _, ok := last[o.Key]; ok {
 			continue
 		}
-		m, err := st.GetLastMsgForSubject(ctx, natsx.EventsSubject(p, o.Key))
+		gctx, cancel := context.WithTimeout(ctx, natsx.RequestTimeout)
+		m, err := st.GetLastMsgForSubject(gctx, natsx.EventsSubject(p, o.Key))
+		cancel()
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			last[o.Key] = 0

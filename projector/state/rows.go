@@ -22,13 +22,22 @@ type rowCache struct {
 	// when it is created): a batch refuses a checkpoint written on another stream, and
 	// writes this one with its own. Empty: not known (the checkpoint's is kept).
 	stream string
+	// pending are the sensors whose rows hold liveness not written yet (seen.go), since
+	// pendingSince; each is in rows.
+	pending      map[string]struct{}
+	pendingSince time.Time
+	// stale: the memory was lost (a new cache, or cleared), and the checkpoint may say that
+	// liveness deferred before is to be replayed (partitionWorker.flushSeen).
+	stale bool
 }
 
 func newRowCache(max int) *rowCache {
-	return &rowCache{rows: make(map[string]row), max: max}
+	return &rowCache{rows: make(map[string]row), pending: make(map[string]struct{}), max: max, stale: true}
 }
 
-func (c *rowCache) clear() { clear(c.rows); c.cp = 0 }
+// clear forgets the rows, and with them the pending liveness: checkpoints.seen_seq says
+// where it is replayed from (recoverSeen).
+func (c *rowCache) clear() { clear(c.rows); clear(c.pending); c.cp, c.stale = 0, true }
 
 // selectRows joins the keys to sensor_state, one index probe each with keyedJoins
 // (sensor_id = ANY($1) would probe every partition for every key).

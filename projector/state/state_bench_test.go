@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
 
@@ -106,4 +107,63 @@ func (e *stateEnv) checkpointsAt(t testing.TB, pub *statePublished) bool {
 		}
 	}
 	return at == len(pub.maxSeq)
+}
+
+// BenchmarkStateSeenRowWrites counts the sensor_state row writes (Postgres' n_tup_upd and
+// n_tup_ins over its partitions) per reading, with every reading written (seen=0) and with
+// liveness coalesced (seen=5s, the default): after a first reading of every sensor (not
+// counted), 20,000 readings published live at 2,000/s over 2,000 sensors, 5% of them
+// changing their sensor's value (LOCKS_BENCH_SEEN_READINGS, _RATE and _SENSORS change them).
+func BenchmarkStateSeenRowWrites(b *testing.B) {
+	readings := stateBenchInt("LOCKS_BENCH_SEEN_READINGS", 20_000)
+	rate := stateBenchInt("LOCKS_BENCH_SEEN_RATE", 2_000)
+	sensors := stateBenchInt("LOCKS_BENCH_SEEN_SENSORS", 2_000)
+	for _, seen := range []time.Duration{0, SeenIntervalDefault} {
+		b.Run("seen="+seen.String(), func(b *testing.B) {
+			for range b.N {
+				e := newStateEnv(b, 16)
+				e.seen = seen
+				stop := e.runState(b, e.nats.JS, partition.All(e.n))
+				r := rand.New(rand.NewPCG(26, 26))
+				ids := stateSensorIDs(r, sensors)
+				last := map[string]uint8{}
+				var pub statePublished
+				now := time.Now().UTC().Truncate(time.Microsecond)
+				firsts := make([]event.Log, len(ids))
+				for i, id := range ids {
+					last[id] = uint8(r.IntN(2))
+					at := now.Add(time.Duration(i) * time.Microsecond)
+					firsts[i] = event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: last[id], Time: at, ReceivedTime: at,
+						MessageID: "first-" + id}
+				}
+				e.publish(b, e.nats.JS, firsts, &pub)
+				e.waitCaughtUp(b, &pub, 2*time.Minute)
+				upd0, ins0 := e.stateTupleWrites(b)
+				first := len(pub.logs)
+				e.publishLive(b, &pub, r, ids, last, rate, readings, 0.05, nil)
+				e.waitCaughtUp(b, &pub, 2*time.Minute)
+				stop() // writes what is pending
+				m := buildStateModel(&pub, e.n)
+				checkStateAgainst(b, e, m)
+				upd, ins := e.stateTupleWrites(b)
+				upd, ins = upd-upd0, ins-ins0
+				n := float64(len(pub.logs) - first)
+				b.ReportMetric(float64(upd)/n, "updates/reading")
+				b.ReportMetric(float64(upd+ins)/n, "rows/reading")
+				b.Logf("seen=%s: %d readings of %d sensors at %d/s (after %d first), %d events in all (%d changes): %d sensor_state updates, %d inserts",
+					seen, len(pub.logs)-first, sensors, rate, first, m.total, m.total-len(m.rows), upd, ins)
+			}
+		})
+	}
+}
+
+// stateTupleWrites reads Postgres' counts of rows updated and inserted in sensor_state's
+// partitions, once every backend has reported them (within a second of its last transaction).
+func (e *stateEnv) stateTupleWrites(b testing.TB) (upd, ins int64) {
+	time.Sleep(2 * time.Second)
+	if err := e.pg.QueryRow(b.Context(), `SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_ins), 0)
+		FROM pg_stat_user_tables WHERE relname LIKE 'sensor\_state\_p%'`).Scan(&upd, &ins); err != nil {
+		b.Fatal(err)
+	}
+	return upd, ins
 }

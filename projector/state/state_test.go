@@ -39,6 +39,7 @@ type stateEnv struct {
 	reg    *prometheus.Registry // of the last State run by runState
 	batch  int                  // Config.BatchSize for runState (0: the default)
 	tracer trace.Tracer         // Deps.Tracer for runState (nil: no tracing)
+	seen   time.Duration        // Config.SeenInterval for runState (0: every reading written)
 }
 
 func newStateEnv(t testing.TB, n int) *stateEnv { return newStateEnvDup(t, n, 0) }
@@ -133,7 +134,7 @@ func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partitio
 	t.Helper()
 	e.reg = prometheus.NewRegistry()
 	s, err := New(Config{Partitions: parts, PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
-		BatchSize: e.batch}, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer})
+		BatchSize: e.batch, SeenInterval: e.seen}, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,8 +433,10 @@ func TestHelperStateProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Partitions: partition.All(n), PartitionCount: n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond},
-		Deps{JS: js, PG: pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
+	seen, _ := time.ParseDuration(os.Getenv("LOCKS_TEST_SEEN_INTERVAL")) // none: every reading written
+	batch, _ := strconv.Atoi(os.Getenv("LOCKS_TEST_BATCH"))              // none: the default
+	s, err := New(Config{Partitions: partition.All(n), PartitionCount: n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
+		SeenInterval: seen, BatchSize: batch}, Deps{JS: js, PG: pg, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

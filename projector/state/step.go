@@ -29,6 +29,11 @@ func step(cur row, ok bool, l event.Log, p int, seq uint64, evs []event.Event) (
 	}
 	switch l.Kind {
 	case event.KindReading:
+		if l.Untracked {
+			// Recorded beyond LOCKS_UNREGISTERED_MAX: the bridge decided that nothing is kept
+			// for this sensor, and every replay follows the same mark.
+			return cur, false, evs
+		}
 		if !ok {
 			cur = row{data: l.Data, changedAt: l.Time}
 			emit(event.TypeStateChanged, l.Time, l.Data, nil)

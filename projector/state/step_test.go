@@ -17,6 +17,11 @@ func TestStep(t *testing.T) {
 	timeout := func(at time.Time, after time.Duration) event.Log {
 		return event.Log{V: event.Version, Kind: event.KindLivenessTimeout, SensorID: "s1", ReceivedTime: at, LostAfter: after}
 	}
+	untracked := func(data uint8, at time.Time) event.Log {
+		l := reading(data, at)
+		l.Untracked = true
+		return l
+	}
 	one := uint8(1)
 	online := row{data: 1, lastSeen: t0, lastReadingTime: t0, changedAt: t0, revision: 4, lastSeq: 9}
 	lost := online
@@ -56,6 +61,8 @@ func TestStep(t *testing.T) {
 		{"reading of a lost sensor, other value: restored, then changed", lost, true, reading(0, t0.Add(2*time.Hour)), true,
 			row{data: 0, lastSeen: t0.Add(2 * time.Hour), lastReadingTime: t0.Add(2 * time.Hour), changedAt: t0.Add(2 * time.Hour), revision: 6, lastSeq: 10},
 			[]ev{{event.TypeConnectionRestored, 0, &one}, {event.TypeStateChanged, 0, &one}}},
+		{"untracked reading (beyond LOCKS_UNREGISTERED_MAX): no row, no event", row{}, false, untracked(1, t0), false, row{}, nil},
+		{"untracked reading of a sensor with a row: the mark decides, nothing changes", lost, true, untracked(0, t0.Add(2*time.Hour)), false, lost, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

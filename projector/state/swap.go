@@ -70,7 +70,11 @@ func (r *Rebuild) swap(ctx context.Context, workers []*shadowWorker) (string, er
 		stmts := append(append(renames, parts...),
 			`ALTER TABLE sensor_state RENAME TO `+old,
 			`ALTER TABLE `+ShadowTable+` RENAME TO sensor_state`,
-			`DELETE FROM checkpoints WHERE projection = '`+ShadowName+`'`)
+			`DELETE FROM checkpoints WHERE projection = '`+ShadowName+`'`,
+			// The shadow wrote the liveness of every reading up to the live checkpoints: none
+			// is pending in the table swapped in (the live projector forgets its own when it
+			// sees the table change).
+			`UPDATE checkpoints SET seen_seq = NULL WHERE projection = '`+Name+`'`)
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				return fmt.Errorf("swap (%s): %w", q, err)

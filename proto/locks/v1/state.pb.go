@@ -9,6 +9,7 @@ package locksv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -84,7 +85,11 @@ type SensorState struct {
 	Data int32 `protobuf:"varint,2,opt,name=data,proto3" json:"data,omitempty"`
 	// Whether the sensor is online or lost.
 	Connection Connection `protobuf:"varint,3,opt,name=connection,proto3,enum=locks.v1.Connection" json:"connection,omitempty"`
-	// When the last reading was received (server time, which decides liveness).
+	// When the last reading was received (server time, which decides liveness). A reading
+	// that changes nothing (the same data, the sensor online) is written to the state at most
+	// every last_seen_bound, so last_seen_time and last_reading_time may be up to
+	// last_seen_bound behind the newest reading the system has applied; a change of data or
+	// connection is shown at once, with the exact times of its reading.
 	LastSeenTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_seen_time,json=lastSeenTime,proto3" json:"last_seen_time,omitempty"`
 	// When data last changed (the time of the reading that changed it).
 	ChangedTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=changed_time,json=changedTime,proto3" json:"changed_time,omitempty"`
@@ -93,8 +98,11 @@ type SensorState struct {
 	Revision int64 `protobuf:"varint,6,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The sensor's own time of the last reading (its `ts`, or the receive time when absent).
 	LastReadingTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_reading_time,json=lastReadingTime,proto3" json:"last_reading_time,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How far last_seen_time and last_reading_time may be behind the newest reading applied
+	// (LOCKS_STATE_SEEN_INTERVAL); 0s: exact, every reading is written.
+	LastSeenBound *durationpb.Duration `protobuf:"bytes,8,opt,name=last_seen_bound,json=lastSeenBound,proto3" json:"last_seen_bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SensorState) Reset() {
@@ -172,6 +180,13 @@ func (x *SensorState) GetRevision() int64 {
 func (x *SensorState) GetLastReadingTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.LastReadingTime
+	}
+	return nil
+}
+
+func (x *SensorState) GetLastSeenBound() *durationpb.Duration {
+	if x != nil {
+		return x.LastSeenBound
 	}
 	return nil
 }
@@ -272,7 +287,7 @@ var File_locks_v1_state_proto protoreflect.FileDescriptor
 
 const file_locks_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x14locks/v1/state.proto\x12\blocks.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x02\n" +
+	"\x14locks/v1/state.proto\x12\blocks.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x03\n" +
 	"\vSensorState\x12\x1b\n" +
 	"\tsensor_id\x18\x01 \x01(\tR\bsensorId\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\x05R\x04data\x124\n" +
@@ -282,7 +297,8 @@ const file_locks_v1_state_proto_rawDesc = "" +
 	"\x0elast_seen_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\flastSeenTime\x12=\n" +
 	"\fchanged_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vchangedTime\x12\x1a\n" +
 	"\brevision\x18\x06 \x01(\x03R\brevision\x12F\n" +
-	"\x11last_reading_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0flastReadingTime\"4\n" +
+	"\x11last_reading_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0flastReadingTime\x12A\n" +
+	"\x0flast_seen_bound\x18\b \x01(\v2\x19.google.protobuf.DurationR\rlastSeenBound\"4\n" +
 	"\x15GetSensorStateRequest\x12\x1b\n" +
 	"\tsensor_id\x18\x01 \x01(\tR\bsensorId\"E\n" +
 	"\x16GetSensorStateResponse\x12+\n" +
@@ -315,20 +331,22 @@ var file_locks_v1_state_proto_goTypes = []any{
 	(*GetSensorStateRequest)(nil),  // 2: locks.v1.GetSensorStateRequest
 	(*GetSensorStateResponse)(nil), // 3: locks.v1.GetSensorStateResponse
 	(*timestamppb.Timestamp)(nil),  // 4: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 5: google.protobuf.Duration
 }
 var file_locks_v1_state_proto_depIdxs = []int32{
 	0, // 0: locks.v1.SensorState.connection:type_name -> locks.v1.Connection
 	4, // 1: locks.v1.SensorState.last_seen_time:type_name -> google.protobuf.Timestamp
 	4, // 2: locks.v1.SensorState.changed_time:type_name -> google.protobuf.Timestamp
 	4, // 3: locks.v1.SensorState.last_reading_time:type_name -> google.protobuf.Timestamp
-	1, // 4: locks.v1.GetSensorStateResponse.state:type_name -> locks.v1.SensorState
-	2, // 5: locks.v1.StateService.GetSensorState:input_type -> locks.v1.GetSensorStateRequest
-	3, // 6: locks.v1.StateService.GetSensorState:output_type -> locks.v1.GetSensorStateResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 4: locks.v1.SensorState.last_seen_bound:type_name -> google.protobuf.Duration
+	1, // 5: locks.v1.GetSensorStateResponse.state:type_name -> locks.v1.SensorState
+	2, // 6: locks.v1.StateService.GetSensorState:input_type -> locks.v1.GetSensorStateRequest
+	3, // 7: locks.v1.StateService.GetSensorState:output_type -> locks.v1.GetSensorStateResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_locks_v1_state_proto_init() }

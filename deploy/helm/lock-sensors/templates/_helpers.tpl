@@ -64,7 +64,7 @@ app.kubernetes.io/component: {{ .part }}
      Postgres lock, so it gets Postgres too; the watchdog reads the RabbitMQ queue's depth. */}}
 {{- define "lock-sensors.needs" -}}
 {{- $n := dict
-  "bridge" (list "rabbitmq")
+  "bridge" (list "postgres" "rabbitmq")
   "state" (list "postgres")
   "history" (list "postgres" "clickhouse")
   "notifier" (list "postgres" "webhooks")

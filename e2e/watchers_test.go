@@ -1,0 +1,265 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
+)
+
+// BenchmarkWatchersEndToEnd is issue 27's watch figure on the whole pipeline: one `locks run
+// --targets=all`, LOCKS_BENCH_WATCHERS clients (default 1000), each with a webhook endpoint,
+// one sensor and a gRPC WatchClientEvents stream open on the API (50 streams a connection); readings published to
+// RabbitMQ at LOCKS_BENCH_RATE (default 1000/s) for LOCKS_BENCH_DURATION (default 10 s), each
+// a state change of its sensor, spread over the sensors. It reports, from each reading's
+// publish (the state change's cause; the state change itself is later) to its event's arrival,
+// the watch's and the webhook's latency in the same run, and the events a watcher missed or
+// got twice (there must be none).
+//
+//	go test -run '^$' -bench BenchmarkWatchersEndToEnd -benchtime 1x ./e2e/
+func BenchmarkWatchersEndToEnd(b *testing.B) {
+	watchers := benchEnvInt(b, "LOCKS_BENCH_WATCHERS", 1000)
+	rate := benchEnvInt(b, "LOCKS_BENCH_RATE", 1000)
+	dur := 10 * time.Second
+	if v := os.Getenv("LOCKS_BENCH_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("LOCKS_BENCH_DURATION: %v", err)
+		}
+		dur = d
+	}
+	grpcAddr := testenv.FreeAddr(b)
+	s := start(b, "LOCKS_GRPC_ADDR="+grpcAddr, "LOCKS_LOG_LEVEL=info")
+
+	type key struct {
+		sensor string
+		rev    int64
+	}
+	var mu sync.Mutex
+	hooks := map[key][]time.Time{}   // arrivals at the receiver
+	watched := map[key][]time.Time{} // arrivals at the sensor's client's watcher
+	var wrongClient int
+	parse := func(body []byte) key {
+		var p struct {
+			Sensor   struct{ ID string } `json:"sensor"`
+			Revision int64               `json:"revision"`
+		}
+		_ = json.Unmarshal(body, &p)
+		return key{p.Sensor.ID, p.Revision}
+	}
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		at := time.Now()
+		k := parse(body)
+		mu.Lock()
+		hooks[k] = append(hooks[k], at)
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	b.Cleanup(rcv.Close)
+
+	// The clients, their sensors and subscriptions, through the REST API.
+	clients := make([]string, watchers)
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range watchers {
+		g.Go(func() error {
+			var c struct{ ID string }
+			if st := s.call("POST", "/v1/clients", map[string]any{"name": fmt.Sprintf("w%d", i), "webhook_url": fmt.Sprintf("%s/%d", rcv.URL, i)}, &c); st != 200 {
+				return fmt.Errorf("create client %d: %d", i, st)
+			}
+			sensor := fmt.Sprintf("W%d", i)
+			if st := s.call("POST", "/v1/sensors", map[string]any{"id": sensor, "address": "Door " + sensor}, nil); st != 200 {
+				return fmt.Errorf("create sensor %s: %d", sensor, st)
+			}
+			if st := s.call("PUT", "/v1/sensors/"+sensor+"/clients/"+c.ID, map[string]any{}, nil); st != 200 {
+				return fmt.Errorf("subscribe %s: %d", sensor, st)
+			}
+			clients[i] = c.ID
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+
+	// The watchers: one gRPC stream per client, 50 per connection (the server allows
+	// api.MaxConcurrentStreams on one).
+	var conns []*grpc.ClientConn
+	for range (watchers + 49) / 50 {
+		c, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		conns = append(conns, c)
+	}
+	wctx, stop := context.WithCancel(metadata.AppendToOutgoingContext(b.Context(), "authorization", "Bearer "+s.token))
+	defer stop()
+	var open sync.WaitGroup
+	for i, client := range clients {
+		stream, err := locksv1.NewClientEventServiceClient(conns[i%len(conns)]).WatchClientEvents(wctx,
+			&locksv1.WatchClientEventsRequest{ClientId: client})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := stream.Header(); err != nil {
+			b.Fatal(err)
+		}
+		sensor := fmt.Sprintf("W%d", i)
+		open.Add(1)
+		go func() {
+			defer open.Done()
+			for {
+				m, err := stream.Recv()
+				if err != nil {
+					return
+				}
+				at := time.Now()
+				k := parse(m.GetEvent())
+				mu.Lock()
+				if k.sensor != sensor {
+					wrongClient++
+				}
+				watched[k] = append(watched[k], at)
+				mu.Unlock()
+			}
+		}()
+	}
+
+	ch, err := s.rabbit.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	load1 := loadAverage()
+	published := map[key]time.Time{}
+	revs := make([]int64, watchers)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	begin := time.Now()
+	n := 0
+	b.ResetTimer()
+	for time.Since(begin) < dur {
+		<-tick.C
+		// As many as are due by now: a late tick does not lower the rate.
+		for range int(time.Since(begin).Seconds()*float64(rate)) - n {
+			i := n % watchers
+			n++
+			revs[i]++
+			sensor := fmt.Sprintf("W%d", i)
+			body := fmt.Sprintf(`{"sensor_id":%q,"data":%d}`, sensor, revs[i]%2)
+			published[key{sensor, revs[i]}] = time.Now()
+			if err := ch.PublishWithContext(b.Context(), "", s.rabbit.Queue, false, false,
+				amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: []byte(body)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	elapsed := time.Since(begin)
+	deadline := time.Now().Add(120 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		k, h := len(watched), len(hooks)
+		mu.Unlock()
+		if k >= len(published) && h >= len(published) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.StopTimer()
+	load2 := loadAverage()
+	stop()
+	open.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	var watchLat, hookLat []time.Duration
+	missing, doubled, hooksMissing := 0, 0, 0
+	for k, at := range published {
+		switch arr := watched[k]; {
+		case len(arr) == 0:
+			missing++
+		default:
+			if len(arr) > 1 {
+				doubled++
+			}
+			watchLat = append(watchLat, arr[0].Sub(at))
+		}
+		if arr := hooks[k]; len(arr) > 0 {
+			hookLat = append(hookLat, arr[0].Sub(at))
+		} else {
+			hooksMissing++ // superseded while waiting, or not delivered within the wait
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	wp50, wp99, wmax := percentiles(watchLat)
+	hp50, hp99, hmax := percentiles(hookLat)
+	b.ReportMetric(ms(wp50), "watch-p50-ms")
+	b.ReportMetric(ms(wp99), "watch-p99-ms")
+	b.ReportMetric(ms(wmax), "watch-max-ms")
+	b.ReportMetric(ms(hp50), "webhook-p50-ms")
+	b.ReportMetric(ms(hp99), "webhook-p99-ms")
+	b.ReportMetric(ms(hmax), "webhook-max-ms")
+	b.ReportMetric(float64(len(published))/elapsed.Seconds(), "events/s")
+	b.ReportMetric(float64(watchers), "watchers")
+	b.ReportMetric(float64(missing), "missing")
+	b.ReportMetric(float64(doubled), "doubled")
+	b.Logf("%d watchers, %d state changes in %s (%.0f/s), load average %s → %s: publish→watch p50 %.0f ms, p99 %.0f ms, max %.0f ms; "+
+		"publish→webhook p50 %.0f ms, p99 %.0f ms, max %.0f ms; watch missing %d, doubled %d, on another client's watch %d; webhooks not received %d",
+		watchers, len(published), elapsed.Round(time.Millisecond), float64(len(published))/elapsed.Seconds(), load1, load2,
+		ms(wp50), ms(wp99), ms(wmax), ms(hp50), ms(hp99), ms(hmax), missing, doubled, wrongClient, hooksMissing)
+	if missing > 0 || doubled > 0 || wrongClient > 0 {
+		b.Fatalf("%d events missing from their watch, %d doubled, %d on another client's watch", missing, doubled, wrongClient)
+	}
+}
+
+// percentiles are the 50th and 99th percentiles and the maximum of lat (sorted in place).
+func percentiles(lat []time.Duration) (p50, p99, maxLat time.Duration) {
+	if len(lat) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(lat)
+	at := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	return at(.50), at(.99), lat[len(lat)-1]
+}
+
+// loadAverage is the machine's 1-minute load average, as /proc/loadavg says ("?" elsewhere).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+// benchEnvInt is the integer in the environment variable name, or def.
+func benchEnvInt(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q is not a positive integer", name, v)
+	}
+	return n
+}

@@ -1,0 +1,388 @@
+package state
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+)
+
+// rowsDiffer lists (up to 5) the sensors whose rows are not what the model says, and how
+// many differ.
+func rowsDiffer(got map[string]stateModelRow, m stateModel, only map[string]bool) (int, []string) {
+	n := 0
+	var out []string
+	for id, want := range m.rows {
+		if only != nil && !only[id] {
+			continue
+		}
+		if g, ok := got[id]; !ok || g != *want {
+			if n++; n <= 5 {
+				out = append(out, fmt.Sprintf("%s: %+v, want %+v", id, g, *want))
+			}
+		}
+	}
+	return n, out
+}
+
+// waitRowsExact waits until sensor_state is exactly the model.
+func waitRowsExact(t *testing.T, e *stateEnv, pub *statePublished, within time.Duration) {
+	t.Helper()
+	m := buildStateModel(pub, e.n)
+	deadline := time.Now().Add(within)
+	for {
+		n, diff := rowsDiffer(loadStateRows(t, e.pg), m, nil)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows still differ from the model %s after catching up: %v", n, within, diff)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *stateEnv) rowsWritten(t *testing.T) (change, seen float64) {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "locks_state_rows_written_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			switch m.GetLabel()[0].GetValue() {
+			case "change":
+				change = m.GetCounter().GetValue()
+			case "seen":
+				seen = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return change, seen
+}
+
+// publishLive publishes count readings of ids into pub at up to rate a second, received
+// when they are published: each flips its sensor's value (last, updated) with probability
+// change and repeats it otherwise. sent, when not nil, sees each chunk once it is stored,
+// with its sequences.
+func (e *stateEnv) publishLive(t testing.TB, pub *statePublished, r *rand.Rand, ids []string, last map[string]uint8, rate, count int, change float64, sent func([]event.Log, []uint64)) {
+	t.Helper()
+	const every = 20 * time.Millisecond
+	start := time.Now()
+	for i, done := 0, 0; done < count; i++ {
+		chunk := make([]event.Log, min(count-done, max(1, rate*int(every/time.Millisecond)/1000)))
+		done += len(chunk)
+		for j := range chunk {
+			id := ids[r.IntN(len(ids))]
+			d, ok := last[id]
+			if !ok {
+				d = uint8(r.IntN(2))
+			} else if r.Float64() < change {
+				d = 1 - d
+			}
+			last[id] = d
+			now := time.Now().UTC().Truncate(time.Microsecond).Add(time.Duration(j) * time.Microsecond)
+			chunk[j] = event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: d, Time: now, ReceivedTime: now,
+				MessageID: "live" + strconv.Itoa(len(pub.logs)+j)}
+		}
+		e.publish(t, e.nats.JS, chunk, pub)
+		if sent != nil {
+			sent(chunk, pub.seqs[len(pub.seqs)-len(chunk):])
+		}
+		time.Sleep(time.Until(start.Add(time.Duration(i+1) * every)))
+	}
+}
+
+// Readings arriving live, most of them repeats: at any moment every sensor's row in
+// Postgres holds the liveness of every reading of it the projector had applied (its
+// checkpoint was past it) the bound before, however far the projector lags on this shared
+// machine; far fewer rows are written than readings come; and once the readings stop the
+// rows become exactly what the log says.
+func TestStateSeenWithinBoundUnderLoad(t *testing.T) {
+	t.Parallel()
+	const (
+		bound = 2 * time.Second
+		// slack covers the batch or flush that writes the rows (a batch decides at its
+		// start) and the sampling, on a machine shared with other tests.
+		slack   = time.Second
+		rate    = 1000 // readings a second
+		count   = 10 * rate
+		sensors = 100
+	)
+	e := newStateEnv(t, 4)
+	e.seen = bound
+	e.runState(t, e.nats.JS, partition.All(e.n))
+	r := rand.New(rand.NewPCG(26, 1))
+	ids := stateSensorIDs(r, sensors)
+
+	type sample struct {
+		at   time.Time
+		cps  map[int]uint64
+		rows map[string]stateModelRow
+	}
+	var (
+		mu      sync.Mutex
+		seqs    = map[string][]uint64{}  // each sensor's readings' sequences, in order
+		recv    = map[uint64]time.Time{} // receive time by sequence
+		history []sample
+	)
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			// The rows first, then the checkpoints: a reading the checkpoints cover was
+			// applied by the time they were read, and that time is the sample's.
+			rows := loadStateRows(t, e.pg)
+			cps := map[int]uint64{}
+			at := time.Now()
+			for p := range e.n {
+				var seq int64
+				_ = e.pg.QueryRow(t.Context(), `SELECT coalesce(max(seq), 0) FROM checkpoints WHERE projection = 'state' AND partition = $1`, p).Scan(&seq)
+				cps[p] = uint64(seq)
+			}
+			mu.Lock()
+			history = append(history, sample{at: at, cps: cps, rows: rows})
+			mu.Unlock()
+		}
+	}()
+	var pub statePublished
+	e.publishLive(t, &pub, r, ids, map[string]uint8{}, rate, count, 0.05, func(logs []event.Log, s []uint64) {
+		mu.Lock()
+		for i, l := range logs {
+			seqs[l.SensorID] = append(seqs[l.SensorID], s[i])
+			recv[s[i]] = l.ReceivedTime
+		}
+		mu.Unlock()
+	})
+	close(stop)
+	<-sampled
+	e.waitCaughtUp(t, &pub, 60*time.Second)
+	waitRowsExact(t, e, &pub, bound+slack)
+	checkStateAgainstModel(t, e, &pub)
+
+	// Each sample against the latest one at least the bound (and slack) before it.
+	checked, bad, j := 0, 0, -1
+	for _, cur := range history {
+		for j+1 < len(history) && !history[j+1].at.After(cur.at.Add(-bound-slack)) {
+			j++
+		}
+		if j < 0 {
+			continue
+		}
+		before := history[j]
+		checked++
+		for id, ss := range seqs {
+			p := partition.Of(id, e.n)
+			var due uint64 // the newest reading of id applied by then
+			for i := len(ss) - 1; i >= 0; i-- {
+				if ss[i] <= before.cps[p] {
+					due = ss[i]
+					break
+				}
+			}
+			row := cur.rows[id]
+			if due > 0 && row.LastSeq < due {
+				if bad++; bad <= 5 {
+					t.Errorf("at %s sensor %s: last_seq %d (last_seen %s), but reading %d (received %s) was applied by %s",
+						cur.at.Format(time.StampMilli), id, row.LastSeq, row.LastSeen.Format(time.StampMilli), due,
+						recv[due].Format(time.StampMilli), before.at.Format(time.StampMilli))
+				}
+			}
+		}
+	}
+	change, seen := e.rowsWritten(t)
+	t.Logf("%d readings of %d sensors, %d samples checked: %d rows behind their bound; rows written: %.0f for changes, %.0f for liveness",
+		len(pub.logs), sensors, checked, bad, change, seen)
+	if checked < 10 {
+		t.Errorf("only %d samples checked", checked)
+	}
+	if w := change + seen; w == 0 || w > 0.4*float64(len(pub.logs)) {
+		t.Errorf("%.0f rows written for %d readings: want far fewer (coalesced)", w, len(pub.logs))
+	}
+}
+
+// The process is killed while liveness is deferred (an interval longer than the test): what
+// it held in memory is gone, and its successor replays it from READINGS before anything
+// else, exactly.
+func TestStateSeenExactAfterCrash(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 4)
+	r := rand.New(rand.NewPCG(26, 2))
+	// Early sensors send their first reading, then (in later batches) a few of the same
+	// value, and then nothing: those are applied before the crash and wait in memory when
+	// it comes.
+	const early = 50
+	isEarly := map[string]bool{}
+	round := func(k int) (out []event.Log) {
+		for i := range early {
+			id := "early" + strconv.Itoa(i)
+			isEarly[id] = true
+			at := stateT0.Add(time.Duration(k)*time.Minute + time.Duration(i)*time.Millisecond)
+			out = append(out, event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: uint8(i % 2),
+				Time: at, ReceivedTime: at, MessageID: id + "-" + strconv.Itoa(k)})
+		}
+		return out
+	}
+	busy := stateSensorIDs(r, 300)
+	logs := round(0)
+	logs = append(logs, stateRandomReadings(r, busy, 2000, 0.9, stateT0.Add(time.Second))...)
+	for k := 1; k < 4; k++ {
+		logs = append(logs, round(k)...)
+	}
+	logs = append(logs, stateRandomReadings(r, busy, 4000, 0.9, stateT0.Add(10*time.Minute))...)
+	var pub statePublished
+	e.publish(t, e.nats.JS, logs, &pub)
+	m := buildStateModel(&pub, e.n)
+
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHelperStateProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "LOCKS_TEST_STATE_CHILD=1", crashpoint.Env+"="+CrashAfterCommit+":60", "LOCKS_TEST_SEEN_INTERVAL=1m", "LOCKS_TEST_BATCH=100",
+		"LOCKS_TEST_NATS_URL="+e.nats.URL, "LOCKS_TEST_PG_URL="+e.pgURL, "LOCKS_TEST_PARTITIONS="+strconv.Itoa(e.n))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
+		t.Fatalf("child: %v, want exit code %d; output:\n%s", err, crashpoint.ExitCode, out)
+	}
+	// What the crash left: early sensors whose last readings were applied before it (at or
+	// below their partition's checkpoint) but whose rows miss them, and the checkpoints
+	// saying from where.
+	cps := map[int]uint64{}
+	if err := func() error {
+		rows, err := e.pg.Query(t.Context(), `SELECT partition, seq FROM checkpoints WHERE projection = 'state'`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var p int
+			var seq int64
+			if err := rows.Scan(&p, &seq); err != nil {
+				return err
+			}
+			cps[p] = uint64(seq)
+		}
+		return rows.Err()
+	}(); err != nil {
+		t.Fatal(err)
+	}
+	applied := map[string]bool{}
+	for id := range isEarly {
+		applied[id] = m.rows[id].LastSeq <= cps[m.rows[id].Partition]
+	}
+	for id, ok := range applied {
+		if !ok {
+			delete(applied, id)
+		}
+	}
+	stale, _ := rowsDiffer(loadStateRows(t, e.pg), m, applied)
+	var pending int
+	if err := e.pg.QueryRow(t.Context(), `SELECT count(*) FROM checkpoints WHERE projection = 'state' AND seen_seq < seq`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if stale == 0 || pending == 0 {
+		t.Fatalf("after the crash: %d early sensors' rows behind the log, %d checkpoints with liveness pending: want some of each", stale, pending)
+	}
+
+	e.seen = time.Minute
+	stop := e.runState(t, e.nats.JS, partition.All(e.n))
+	e.waitCaughtUp(t, &pub, 60*time.Second)
+	// Nothing of these sensors came after the crash: only the replay, at start, can have
+	// written their last readings.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n, diff := rowsDiffer(loadStateRows(t, e.pg), m, applied)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the restart caught up, %d of the %d early sensors that were behind still differ: %v", n, stale, diff)
+		}
+	}
+	t.Logf("the crash left %d of %d early sensors behind the log; the restart replayed them", stale, len(applied))
+	if v := stateCounterValueOf(t, e, "locks_state_seen_replayed_total"); v < float64(stale) {
+		t.Errorf("locks_state_seen_replayed_total %.0f, want at least %d", v, stale)
+	}
+	// A clean stop writes what is pending.
+	stop()
+	checkStateAgainstModel(t, e, &pub)
+	if err := e.pg.QueryRow(t.Context(), `SELECT count(*) FROM checkpoints WHERE projection = 'state' AND seen_seq IS NOT NULL`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if pending != 0 {
+		t.Errorf("after a clean stop %d checkpoints still have liveness pending", pending)
+	}
+}
+
+func stateCounterValueOf(t *testing.T, e *stateEnv, name string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// A rebuild while liveness is deferred swaps in rows that are exactly the log's, and the live
+// projector goes on on them without writing its forgotten pending rows over them.
+func TestStateSeenRebuild(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 4)
+	e.seen = time.Minute
+	var pub statePublished
+	e.publish(t, e.nats.JS, rebuildLog(26, 500, 10000), &pub)
+	stop := e.runState(t, e.nats.JS, partition.All(e.n))
+	e.waitCaughtUp(t, &pub, 90*time.Second)
+	m := buildStateModel(&pub, e.n)
+	if n, _ := rowsDiffer(loadStateRows(t, e.pg), m, nil); n == 0 {
+		t.Fatal("every row is exact before the rebuild: want liveness pending, for the rebuild to have something to show")
+	}
+
+	res, err := e.newRebuild(t, RebuildConfig{BatchSize: 1000}).Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterRebuild(t, e, res)
+	if n, diff := rowsDiffer(loadStateRows(t, e.pg), m, nil); n > 0 {
+		t.Errorf("after the rebuild %d rows differ from the log: %v", n, diff)
+	}
+
+	more := stateRandomReadings(rand.New(rand.NewPCG(26, 3)), stateSensorIDs(rand.New(rand.NewPCG(26, 4)), 100), 2000, 0.9, stateT0.Add(48*time.Hour))
+	e.publish(t, e.nats.JS, more, &pub)
+	e.waitCaughtUp(t, &pub, 60*time.Second)
+	m = buildStateModel(&pub, e.n)
+	// The sensors of the first log that sent nothing since are exact already.
+	quiet := map[string]bool{}
+	for id := range m.rows {
+		quiet[id] = true
+	}
+	for _, l := range more {
+		delete(quiet, l.SensorID)
+	}
+	if n, diff := rowsDiffer(loadStateRows(t, e.pg), m, quiet); n > 0 {
+		t.Errorf("after the rebuild and more readings, %d rows of quiet sensors differ: %v", n, diff)
+	}
+	stop()
+	checkStateAgainstModel(t, e, &pub)
+}
