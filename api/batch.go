@@ -121,7 +121,7 @@ func (ss *sensorService) BatchCreateSensors(ctx context.Context, req *locksv1.Ba
 		}
 		out = &locksv1.BatchCreateSensorsResponse{Sensors: make([]*locksv1.Sensor, n), Created: int32(len(created))}
 		for _, row := range list {
-			out.Sensors[first[row.ID]] = row.proto()
+			out.Sensors[first[row.ID]] = row.proto(ss.s.cfg.StateSeenInterval)
 		}
 		for i, s := range out.Sensors {
 			if s == nil { // with skip_existing: deleted by another call at this very moment
