@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 )
 
 // The handlers return these (wrapped, or as the typed errors below); statusOf turns them into
@@ -46,6 +48,84 @@ func (e *FieldError) Unwrap() error { return ErrInvalid }
 func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
+
+// FieldErrors are several invalid fields of one request: every invalid item of a batch,
+// each named (`requests[3].sensor.id`), so that a caller fixes them all at once.
+type FieldErrors []*FieldError
+
+// maxNamedInMessage bounds the items an error message names; its details name them all.
+const maxNamedInMessage = 10
+
+func (e FieldErrors) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d invalid field", len(e))
+	if len(e) != 1 {
+		b.WriteString("s")
+	}
+	for i, fe := range e {
+		if i == maxNamedInMessage {
+			fmt.Fprintf(&b, "; and %d more (every one is in the details)", len(e)-i)
+			break
+		}
+		sep := "; "
+		if i == 0 {
+			sep = ": "
+		}
+		b.WriteString(sep + fe.Error())
+	}
+	return b.String()
+}
+
+// Unwrap makes FieldErrors an ErrInvalid.
+func (e FieldErrors) Unwrap() error { return ErrInvalid }
+
+// withPrefix is err with its field named from the request's root ("requests[3].sensor." +
+// "id"), if it is a FieldError; other errors are returned as they are.
+func withPrefix(prefix string, err error) error {
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		return &FieldError{Field: prefix + fe.Field, Reason: fe.Reason}
+	}
+	return err
+}
+
+// BatchItem is one item of a batch: where it is in the request and the id it names.
+type BatchItem struct {
+	Field string // "requests[3].sensor.id"
+	ID    string
+}
+
+// BatchError is a batch refused for items that exist already (Err ErrExists) or are
+// missing (ErrNotFound): it names every one, so that the caller can drop or fix them.
+type BatchError struct {
+	Err   error  // ErrExists or ErrNotFound
+	Kind  string // "sensor"
+	Items []BatchItem
+	Of    int // items in the batch
+}
+
+func (e *BatchError) Error() string {
+	var b strings.Builder
+	what := "already exist"
+	if errors.Is(e.Err, ErrNotFound) {
+		what = "not found"
+	}
+	fmt.Fprintf(&b, "%d of %d %ss %s; nothing was done:", len(e.Items), e.Of, e.Kind, what)
+	for i, it := range e.Items {
+		if i == maxNamedInMessage {
+			fmt.Fprintf(&b, " and %d more (every one is in the details)", len(e.Items)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " %s %q", it.Field, it.ID)
+	}
+	return b.String()
+}
+
+// Unwrap makes a BatchError its Err.
+func (e *BatchError) Unwrap() error { return e.Err }
 
 // NotFoundError names the missing resource.
 type NotFoundError struct {
@@ -98,8 +178,34 @@ func statusOf(err error) (st *status.Status, internal bool) {
 		return s, false
 	}
 	var fe *FieldError
+	var fes FieldErrors
 	var stale *StaleError
+	var batch *BatchError
 	switch {
+	case errors.As(err, &fes):
+		v := make([]*errdetails.BadRequest_FieldViolation, len(fes))
+		for i, f := range fes {
+			v[i] = &errdetails.BadRequest_FieldViolation{Field: f.Field, Description: f.Reason}
+		}
+		s := status.New(codes.InvalidArgument, err.Error())
+		if d, derr := s.WithDetails(&errdetails.BadRequest{FieldViolations: v}); derr == nil {
+			s = d
+		}
+		return s, false
+	case errors.As(err, &batch):
+		code, what := codes.AlreadyExists, "already exists"
+		if errors.Is(batch.Err, ErrNotFound) {
+			code, what = codes.NotFound, "not found"
+		}
+		s := status.New(code, err.Error())
+		ds := make([]protoadapt.MessageV1, len(batch.Items))
+		for i, it := range batch.Items {
+			ds[i] = &errdetails.ResourceInfo{ResourceType: batch.Kind, ResourceName: it.ID, Description: it.Field + ": " + what}
+		}
+		if d, derr := s.WithDetails(ds...); derr == nil {
+			s = d
+		}
+		return s, false
 	case errors.As(err, &fe):
 		s := status.New(codes.InvalidArgument, err.Error())
 		if d, derr := s.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{

@@ -94,6 +94,31 @@ func (f sensorFilter) scope() string {
 	return "connection=" + f.connection + "&data=" + d
 }
 
+// query is ListSensors' statement for a page after the id `after`. With a filter it walks
+// sensor_state's (connection, sensor_id) or (data, sensor_id) index in id order, and only the
+// conditions given are in the text (a generic "empty or equal" test cannot use an index): a page of
+// the few lost sensors of a million reads about a page of rows instead of the whole fleet.
+func (f sensorFilter) query(after string, limit int) (string, []any) {
+	if f.connection == "" && f.data == nil {
+		return `SELECT ` + sensorCols + `, ` + stateCols + sensorFrom + `
+			WHERE s.id > $1 ORDER BY s.id LIMIT $2`, []any{after, limit}
+	}
+	args := []any{after, limit}
+	where := ""
+	if f.connection != "" {
+		args = append(args, f.connection)
+		where += fmt.Sprintf(" AND st.connection = $%d", len(args))
+	}
+	if f.data != nil {
+		args = append(args, *f.data)
+		where += fmt.Sprintf(" AND st.data = $%d", len(args))
+	}
+	return `SELECT ` + sensorCols + `, ` + stateCols + `
+		FROM sensor_state st JOIN sensors s ON s.id = st.sensor_id
+		WHERE st.sensor_id > $1` + where + `
+		ORDER BY st.sensor_id LIMIT $2`, args
+}
+
 func (ss *sensorService) ListSensors(ctx context.Context, req *locksv1.ListSensorsRequest) (*locksv1.ListSensorsResponse, error) {
 	n, err := pageSize(req.GetPageSize())
 	if err != nil {
@@ -120,11 +145,8 @@ func (ss *sensorService) ListSensors(ctx context.Context, req *locksv1.ListSenso
 	if err != nil {
 		return nil, err
 	}
-	rows, err := ss.s.db.Query(ctx, `SELECT `+sensorCols+`, `+stateCols+sensorFrom+`
-		WHERE s.id > $1
-		  AND ($2 = '' OR st.connection = $2)
-		  AND ($3::smallint IS NULL OR st.data = $3)
-		ORDER BY s.id LIMIT $4`, after, f.connection, f.data, n+1)
+	sql, args := f.query(after, n+1)
+	rows, err := ss.s.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sensors: %w", err)
 	}

@@ -147,7 +147,7 @@ func (c *cluster) part(targets, partitions string, env ...string) *part {
 		tb.Fatal(err)
 	}
 	exited := stopProcess(tb, "locks "+p.name, p.cmd, p.log)
-	waitReady(tb, "locks "+p.name, p.http, exited, p.log)
+	waitReady(tb, "locks "+p.name, p.http, exited, p.log, 60*time.Second)
 	c.parts = append(c.parts, p)
 	return p
 }

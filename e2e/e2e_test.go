@@ -71,6 +71,8 @@ type system struct {
 	env    []string
 	proc   *os.Process
 	exited chan struct{} // closed when proc has exited
+	// readyWithin bounds launch's wait for /readyz (0: 60 s).
+	readyWithin time.Duration
 }
 
 // syncBuffer collects a process's output.
@@ -133,7 +135,11 @@ func (s *system) launch() {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	s.proc, s.pid, s.exited = cmd.Process, cmd.Process.Pid, exited
-	waitReady(s.t, "locks", s.http, exited, s.log)
+	within := s.readyWithin
+	if within == 0 {
+		within = 60 * time.Second
+	}
+	waitReady(s.t, "locks", s.http, exited, s.log, within)
 }
 
 // kill stops the process with SIGKILL, at whatever it is doing, and waits until it is gone.
@@ -145,11 +151,11 @@ func (s *system) kill() {
 	<-s.exited
 }
 
-// waitReady waits up to 60 s for /readyz at addr to answer 200, failing at once if the
+// waitReady waits up to within for /readyz at addr to answer 200, failing at once if the
 // process (exited closes when it does) stops first; log is its output, shown on failure.
-func waitReady(tb testing.TB, name, addr string, exited <-chan struct{}, log *syncBuffer) {
+func waitReady(tb testing.TB, name, addr string, exited <-chan struct{}, log *syncBuffer, within time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(within)
 	for {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err == nil {
@@ -164,7 +170,7 @@ func waitReady(tb testing.TB, name, addr string, exited <-chan struct{}, log *sy
 		default:
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("%s not ready within 60 s:\n%s", name, log.String())
+			tb.Fatalf("%s not ready within %s:\n%s", name, within, log.String())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -186,88 +185,18 @@ func (r *Receiver) Counts() (received, duplicates int64) {
 }
 
 // Register creates a client for the receiver through the admin API at apiURL, registers the
-// fleet's sensors and subscribes the client to each, with a few requests in parallel.
+// fleet's sensors and subscribes the client to each, through the batch calls (Registrar).
 func (r *Receiver) Register(ctx context.Context, apiURL, token, prefix string, sensors int) error {
-	call := func(method, path string, in any, out any) error {
-		var body io.Reader
-		if in != nil {
-			b, _ := json.Marshal(in)
-			body = bytes.NewReader(b)
-		}
-		req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(apiURL, "/")+path, body)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode == http.StatusConflict && method == http.MethodPost {
-			return nil // registered by an earlier run
-		}
-		if resp.StatusCode >= 300 {
-			return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, b)
-		}
-		if out != nil {
-			return json.Unmarshal(b, out)
-		}
-		return nil
-	}
-	var client struct {
-		ID            string `json:"id"`
-		SigningSecret string `json:"signing_secret"`
-	}
-	if err := call(http.MethodPost, "/v1/clients", map[string]string{"name": "loadgen", "webhook_url": r.URL()}, &client); err != nil {
-		return fmt.Errorf("loadgen: create client: %w", err)
-	}
-	if err := r.SetSecret(client.SigningSecret); err != nil {
+	reg := Registrar{APIURL: apiURL, Token: token}
+	client, secret, err := reg.CreateClient(ctx, "loadgen", r.URL())
+	if err != nil {
 		return err
 	}
-	ids := make(chan int)
-	errc := make(chan error, 16)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := range ids {
-				id := SensorID(prefix, n)
-				if err := call(http.MethodPost, "/v1/sensors", map[string]string{"id": id, "address": "loadgen " + id}, nil); err != nil {
-					errc <- err
-					return
-				}
-				if err := call(http.MethodPut, "/v1/sensors/"+id+"/clients/"+client.ID, nil, nil); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
+	if err := r.SetSecret(secret); err != nil {
+		return err
 	}
-	var err error
-feed:
-	for n := range sensors {
-		select {
-		case ids <- n:
-		case err = <-errc:
-			break feed
-		}
-	}
-	close(ids)
-	wg.Wait()
-	if err == nil {
-		select {
-		case err = <-errc:
-		default:
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("loadgen: register sensors: %w", err)
-	}
-	return nil
+	_, err = reg.Fleet(ctx, prefix, 0, sensors, client)
+	return err
 }
 
 // ErrUnbalanced says the books of a run do not balance.

@@ -38,6 +38,8 @@ var baselines = map[string][][2]string{
 	"BenchmarkEndToEndIngest": {{"BenchmarkBareRabbitPublisher", "readings/s"}, {"BenchmarkBareRabbitPassThrough", "readings/s"}},
 	// Readings/s until the last webhook, against RabbitMQ's own pass-through (issue 17).
 	"BenchmarkFullSpeed": {{"BenchmarkBareRabbitPassThrough", "readings/s"}},
+	// Each rate's readings/s taken in, against the pass-through the curve measures first (#26).
+	"BenchmarkCapacityCurve": {{"BenchmarkCapacityCurve/passthrough", "readings/s"}},
 	// Webhooks/s to one client, against a bare HTTP client posting the same bodies.
 	"BenchmarkOneClient/notifier": {{"BenchmarkOneClient/baseline", "webhooks/s"}},
 }

@@ -66,6 +66,7 @@ func printSensor(b []byte, w *tabwriter.Writer) error {
 }
 
 var sensorCommands = map[string]cliCommand{
+	"import": sensorImportCommand,
 	"create": {
 		args:  "ID --address ADDRESS [--lost-after D]",
 		about: "Registers a sensor (1 to 16 letters and digits). Its readings count from then on; a state it already has shows at once.",

@@ -199,35 +199,10 @@ func BenchmarkBareRabbitPassThrough(b *testing.B) {
 		if _, err := pub.QueueDeclare(rabbit.Queue, true, false, false, false, nil); err != nil {
 			b.Fatal(err)
 		}
-		sub, err := rabbit.Conn.Channel()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := sub.Qos(1000, 0, false); err != nil {
-			b.Fatal(err)
-		}
-		ds, err := sub.Consume(rabbit.Queue, "", false, false, false, false, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		consumed := make(chan error, 1)
+		consumed := testenv.BareConsumer(b, rabbit.Conn, rabbit.Queue, messages)
 		b.ResetTimer()
 		machine := testenv.StartCPU(testenv.Servers())
 		start := time.Now()
-		go func() {
-			for range messages {
-				d, ok := <-ds
-				if !ok {
-					consumed <- fmt.Errorf("delivery channel closed")
-					return
-				}
-				if err := d.Ack(false); err != nil {
-					consumed <- err
-					return
-				}
-			}
-			consumed <- nil
-		}()
 		PublishConfirmed(b, pub, rabbit.Queue, messages)
 		published := time.Since(start)
 		select {

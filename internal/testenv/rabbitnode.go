@@ -84,3 +84,40 @@ func (n *RabbitNode) Start() {
 		return err
 	})
 }
+
+// BareConsumer declares queue on conn (durable) and consumes it on a channel of its own with a
+// prefetch of 1,000, acking each message: RabbitMQ's pass-through with nothing of ours in the
+// way. After n messages it sends nil on the returned channel (or the error that stopped it).
+func BareConsumer(tb testing.TB, conn *amqp.Connection, queue string, n int) <-chan error {
+	tb.Helper()
+	sub, err := conn.Channel()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := sub.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		tb.Fatal(err)
+	}
+	if err := sub.Qos(1000, 0, false); err != nil {
+		tb.Fatal(err)
+	}
+	ds, err := sub.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	consumed := make(chan error, 1)
+	go func() {
+		for range n {
+			d, ok := <-ds
+			if !ok {
+				consumed <- fmt.Errorf("delivery channel closed")
+				return
+			}
+			if err := d.Ack(false); err != nil {
+				consumed <- err
+				return
+			}
+		}
+		consumed <- nil
+	}()
+	return consumed
+}

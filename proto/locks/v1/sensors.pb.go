@@ -642,6 +642,118 @@ func (*DeleteSensorResponse) Descriptor() ([]byte, []int) {
 	return file_locks_v1_sensors_proto_rawDescGZIP(), []int{10}
 }
 
+// BatchCreateSensorsRequest registers many sensors at once.
+type BatchCreateSensorsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One to 1000 sensors to register, each as CreateSensor takes it; every id once.
+	Requests []*CreateSensorRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	// Leave the sensors whose id is already registered as they are (their address is not
+	// changed) instead of failing the batch: a batch can be sent again after a timeout.
+	SkipExisting  bool `protobuf:"varint,2,opt,name=skip_existing,json=skipExisting,proto3" json:"skip_existing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCreateSensorsRequest) Reset() {
+	*x = BatchCreateSensorsRequest{}
+	mi := &file_locks_v1_sensors_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCreateSensorsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCreateSensorsRequest) ProtoMessage() {}
+
+func (x *BatchCreateSensorsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_sensors_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCreateSensorsRequest.ProtoReflect.Descriptor instead.
+func (*BatchCreateSensorsRequest) Descriptor() ([]byte, []int) {
+	return file_locks_v1_sensors_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BatchCreateSensorsRequest) GetRequests() []*CreateSensorRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *BatchCreateSensorsRequest) GetSkipExisting() bool {
+	if x != nil {
+		return x.SkipExisting
+	}
+	return false
+}
+
+// BatchCreateSensorsResponse holds the sensors of the request, in its order.
+type BatchCreateSensorsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The registered sensors, in the order of the requests (with skip_existing, an id that was
+	// registered already is shown as it is registered).
+	Sensors []*Sensor `protobuf:"bytes,1,rep,name=sensors,proto3" json:"sensors,omitempty"`
+	// How many of them this call registered (the others were registered already).
+	Created       int32 `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCreateSensorsResponse) Reset() {
+	*x = BatchCreateSensorsResponse{}
+	mi := &file_locks_v1_sensors_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCreateSensorsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCreateSensorsResponse) ProtoMessage() {}
+
+func (x *BatchCreateSensorsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_sensors_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCreateSensorsResponse.ProtoReflect.Descriptor instead.
+func (*BatchCreateSensorsResponse) Descriptor() ([]byte, []int) {
+	return file_locks_v1_sensors_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *BatchCreateSensorsResponse) GetSensors() []*Sensor {
+	if x != nil {
+		return x.Sensors
+	}
+	return nil
+}
+
+func (x *BatchCreateSensorsResponse) GetCreated() int32 {
+	if x != nil {
+		return x.Created
+	}
+	return 0
+}
+
 var File_locks_v1_sensors_proto protoreflect.FileDescriptor
 
 const file_locks_v1_sensors_proto_rawDesc = "" +
@@ -688,13 +800,20 @@ const file_locks_v1_sensors_proto_rawDesc = "" +
 	"\x13DeleteSensorRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04etag\x18\x02 \x01(\tR\x04etag\"\x16\n" +
-	"\x14DeleteSensorResponse2\x8e\x03\n" +
+	"\x14DeleteSensorResponse\"{\n" +
+	"\x19BatchCreateSensorsRequest\x129\n" +
+	"\brequests\x18\x01 \x03(\v2\x1d.locks.v1.CreateSensorRequestR\brequests\x12#\n" +
+	"\rskip_existing\x18\x02 \x01(\bR\fskipExisting\"b\n" +
+	"\x1aBatchCreateSensorsResponse\x12*\n" +
+	"\asensors\x18\x01 \x03(\v2\x10.locks.v1.SensorR\asensors\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\x05R\acreated2\xef\x03\n" +
 	"\rSensorService\x12M\n" +
 	"\fCreateSensor\x12\x1d.locks.v1.CreateSensorRequest\x1a\x1e.locks.v1.CreateSensorResponse\x12D\n" +
 	"\tGetSensor\x12\x1a.locks.v1.GetSensorRequest\x1a\x1b.locks.v1.GetSensorResponse\x12J\n" +
 	"\vListSensors\x12\x1c.locks.v1.ListSensorsRequest\x1a\x1d.locks.v1.ListSensorsResponse\x12M\n" +
 	"\fUpdateSensor\x12\x1d.locks.v1.UpdateSensorRequest\x1a\x1e.locks.v1.UpdateSensorResponse\x12M\n" +
-	"\fDeleteSensor\x12\x1d.locks.v1.DeleteSensorRequest\x1a\x1e.locks.v1.DeleteSensorResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
+	"\fDeleteSensor\x12\x1d.locks.v1.DeleteSensorRequest\x1a\x1e.locks.v1.DeleteSensorResponse\x12_\n" +
+	"\x12BatchCreateSensors\x12#.locks.v1.BatchCreateSensorsRequest\x1a$.locks.v1.BatchCreateSensorsResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
 
 var (
 	file_locks_v1_sensors_proto_rawDescOnce sync.Once
@@ -708,53 +827,59 @@ func file_locks_v1_sensors_proto_rawDescGZIP() []byte {
 	return file_locks_v1_sensors_proto_rawDescData
 }
 
-var file_locks_v1_sensors_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_locks_v1_sensors_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_locks_v1_sensors_proto_goTypes = []any{
-	(*Sensor)(nil),                // 0: locks.v1.Sensor
-	(*CreateSensorRequest)(nil),   // 1: locks.v1.CreateSensorRequest
-	(*CreateSensorResponse)(nil),  // 2: locks.v1.CreateSensorResponse
-	(*GetSensorRequest)(nil),      // 3: locks.v1.GetSensorRequest
-	(*GetSensorResponse)(nil),     // 4: locks.v1.GetSensorResponse
-	(*ListSensorsRequest)(nil),    // 5: locks.v1.ListSensorsRequest
-	(*ListSensorsResponse)(nil),   // 6: locks.v1.ListSensorsResponse
-	(*UpdateSensorRequest)(nil),   // 7: locks.v1.UpdateSensorRequest
-	(*UpdateSensorResponse)(nil),  // 8: locks.v1.UpdateSensorResponse
-	(*DeleteSensorRequest)(nil),   // 9: locks.v1.DeleteSensorRequest
-	(*DeleteSensorResponse)(nil),  // 10: locks.v1.DeleteSensorResponse
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
-	(*SensorState)(nil),           // 12: locks.v1.SensorState
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(Connection)(0),               // 14: locks.v1.Connection
-	(*fieldmaskpb.FieldMask)(nil), // 15: google.protobuf.FieldMask
+	(*Sensor)(nil),                     // 0: locks.v1.Sensor
+	(*CreateSensorRequest)(nil),        // 1: locks.v1.CreateSensorRequest
+	(*CreateSensorResponse)(nil),       // 2: locks.v1.CreateSensorResponse
+	(*GetSensorRequest)(nil),           // 3: locks.v1.GetSensorRequest
+	(*GetSensorResponse)(nil),          // 4: locks.v1.GetSensorResponse
+	(*ListSensorsRequest)(nil),         // 5: locks.v1.ListSensorsRequest
+	(*ListSensorsResponse)(nil),        // 6: locks.v1.ListSensorsResponse
+	(*UpdateSensorRequest)(nil),        // 7: locks.v1.UpdateSensorRequest
+	(*UpdateSensorResponse)(nil),       // 8: locks.v1.UpdateSensorResponse
+	(*DeleteSensorRequest)(nil),        // 9: locks.v1.DeleteSensorRequest
+	(*DeleteSensorResponse)(nil),       // 10: locks.v1.DeleteSensorResponse
+	(*BatchCreateSensorsRequest)(nil),  // 11: locks.v1.BatchCreateSensorsRequest
+	(*BatchCreateSensorsResponse)(nil), // 12: locks.v1.BatchCreateSensorsResponse
+	(*durationpb.Duration)(nil),        // 13: google.protobuf.Duration
+	(*SensorState)(nil),                // 14: locks.v1.SensorState
+	(*timestamppb.Timestamp)(nil),      // 15: google.protobuf.Timestamp
+	(Connection)(0),                    // 16: locks.v1.Connection
+	(*fieldmaskpb.FieldMask)(nil),      // 17: google.protobuf.FieldMask
 }
 var file_locks_v1_sensors_proto_depIdxs = []int32{
-	11, // 0: locks.v1.Sensor.lost_after:type_name -> google.protobuf.Duration
-	12, // 1: locks.v1.Sensor.state:type_name -> locks.v1.SensorState
-	13, // 2: locks.v1.Sensor.create_time:type_name -> google.protobuf.Timestamp
-	13, // 3: locks.v1.Sensor.update_time:type_name -> google.protobuf.Timestamp
+	13, // 0: locks.v1.Sensor.lost_after:type_name -> google.protobuf.Duration
+	14, // 1: locks.v1.Sensor.state:type_name -> locks.v1.SensorState
+	15, // 2: locks.v1.Sensor.create_time:type_name -> google.protobuf.Timestamp
+	15, // 3: locks.v1.Sensor.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 4: locks.v1.CreateSensorRequest.sensor:type_name -> locks.v1.Sensor
 	0,  // 5: locks.v1.CreateSensorResponse.sensor:type_name -> locks.v1.Sensor
 	0,  // 6: locks.v1.GetSensorResponse.sensor:type_name -> locks.v1.Sensor
-	14, // 7: locks.v1.ListSensorsRequest.connection:type_name -> locks.v1.Connection
+	16, // 7: locks.v1.ListSensorsRequest.connection:type_name -> locks.v1.Connection
 	0,  // 8: locks.v1.ListSensorsResponse.sensors:type_name -> locks.v1.Sensor
 	0,  // 9: locks.v1.UpdateSensorRequest.sensor:type_name -> locks.v1.Sensor
-	15, // 10: locks.v1.UpdateSensorRequest.update_mask:type_name -> google.protobuf.FieldMask
+	17, // 10: locks.v1.UpdateSensorRequest.update_mask:type_name -> google.protobuf.FieldMask
 	0,  // 11: locks.v1.UpdateSensorResponse.sensor:type_name -> locks.v1.Sensor
-	1,  // 12: locks.v1.SensorService.CreateSensor:input_type -> locks.v1.CreateSensorRequest
-	3,  // 13: locks.v1.SensorService.GetSensor:input_type -> locks.v1.GetSensorRequest
-	5,  // 14: locks.v1.SensorService.ListSensors:input_type -> locks.v1.ListSensorsRequest
-	7,  // 15: locks.v1.SensorService.UpdateSensor:input_type -> locks.v1.UpdateSensorRequest
-	9,  // 16: locks.v1.SensorService.DeleteSensor:input_type -> locks.v1.DeleteSensorRequest
-	2,  // 17: locks.v1.SensorService.CreateSensor:output_type -> locks.v1.CreateSensorResponse
-	4,  // 18: locks.v1.SensorService.GetSensor:output_type -> locks.v1.GetSensorResponse
-	6,  // 19: locks.v1.SensorService.ListSensors:output_type -> locks.v1.ListSensorsResponse
-	8,  // 20: locks.v1.SensorService.UpdateSensor:output_type -> locks.v1.UpdateSensorResponse
-	10, // 21: locks.v1.SensorService.DeleteSensor:output_type -> locks.v1.DeleteSensorResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	1,  // 12: locks.v1.BatchCreateSensorsRequest.requests:type_name -> locks.v1.CreateSensorRequest
+	0,  // 13: locks.v1.BatchCreateSensorsResponse.sensors:type_name -> locks.v1.Sensor
+	1,  // 14: locks.v1.SensorService.CreateSensor:input_type -> locks.v1.CreateSensorRequest
+	3,  // 15: locks.v1.SensorService.GetSensor:input_type -> locks.v1.GetSensorRequest
+	5,  // 16: locks.v1.SensorService.ListSensors:input_type -> locks.v1.ListSensorsRequest
+	7,  // 17: locks.v1.SensorService.UpdateSensor:input_type -> locks.v1.UpdateSensorRequest
+	9,  // 18: locks.v1.SensorService.DeleteSensor:input_type -> locks.v1.DeleteSensorRequest
+	11, // 19: locks.v1.SensorService.BatchCreateSensors:input_type -> locks.v1.BatchCreateSensorsRequest
+	2,  // 20: locks.v1.SensorService.CreateSensor:output_type -> locks.v1.CreateSensorResponse
+	4,  // 21: locks.v1.SensorService.GetSensor:output_type -> locks.v1.GetSensorResponse
+	6,  // 22: locks.v1.SensorService.ListSensors:output_type -> locks.v1.ListSensorsResponse
+	8,  // 23: locks.v1.SensorService.UpdateSensor:output_type -> locks.v1.UpdateSensorResponse
+	10, // 24: locks.v1.SensorService.DeleteSensor:output_type -> locks.v1.DeleteSensorResponse
+	12, // 25: locks.v1.SensorService.BatchCreateSensors:output_type -> locks.v1.BatchCreateSensorsResponse
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_locks_v1_sensors_proto_init() }
@@ -770,7 +895,7 @@ func file_locks_v1_sensors_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_locks_v1_sensors_proto_rawDesc), len(file_locks_v1_sensors_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

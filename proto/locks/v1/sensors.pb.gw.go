@@ -270,6 +270,33 @@ func local_request_SensorService_DeleteSensor_0(ctx context.Context, marshaler r
 	return msg, metadata, err
 }
 
+func request_SensorService_BatchCreateSensors_0(ctx context.Context, marshaler runtime.Marshaler, client SensorServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq BatchCreateSensorsRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.BatchCreateSensors(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_SensorService_BatchCreateSensors_0(ctx context.Context, marshaler runtime.Marshaler, server SensorServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq BatchCreateSensorsRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.BatchCreateSensors(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterSensorServiceHandlerServer registers the http handlers for service SensorService to "mux".
 // UnaryRPC     :call SensorServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -375,6 +402,26 @@ func RegisterSensorServiceHandlerServer(ctx context.Context, mux *runtime.ServeM
 			return
 		}
 		forward_SensorService_DeleteSensor_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_SensorService_BatchCreateSensors_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/locks.v1.SensorService/BatchCreateSensors", runtime.WithHTTPPathPattern("/v1/sensors:batchCreate"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_SensorService_BatchCreateSensors_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SensorService_BatchCreateSensors_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -501,6 +548,23 @@ func RegisterSensorServiceHandlerClient(ctx context.Context, mux *runtime.ServeM
 		}
 		forward_SensorService_DeleteSensor_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_SensorService_BatchCreateSensors_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/locks.v1.SensorService/BatchCreateSensors", runtime.WithHTTPPathPattern("/v1/sensors:batchCreate"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_SensorService_BatchCreateSensors_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SensorService_BatchCreateSensors_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -532,17 +596,19 @@ func (m response_SensorService_UpdateSensor_0) XXX_ResponseBody() interface{} {
 }
 
 var (
-	pattern_SensorService_CreateSensor_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "sensors"}, ""))
-	pattern_SensorService_GetSensor_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "sensors", "id"}, ""))
-	pattern_SensorService_ListSensors_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "sensors"}, ""))
-	pattern_SensorService_UpdateSensor_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "sensors", "id"}, ""))
-	pattern_SensorService_DeleteSensor_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "sensors", "id"}, ""))
+	pattern_SensorService_CreateSensor_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "sensors"}, ""))
+	pattern_SensorService_GetSensor_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "sensors", "id"}, ""))
+	pattern_SensorService_ListSensors_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "sensors"}, ""))
+	pattern_SensorService_UpdateSensor_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "sensors", "id"}, ""))
+	pattern_SensorService_DeleteSensor_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "sensors", "id"}, ""))
+	pattern_SensorService_BatchCreateSensors_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "sensors"}, "batchCreate"))
 )
 
 var (
-	forward_SensorService_CreateSensor_0 = runtime.ForwardResponseMessage
-	forward_SensorService_GetSensor_0    = runtime.ForwardResponseMessage
-	forward_SensorService_ListSensors_0  = runtime.ForwardResponseMessage
-	forward_SensorService_UpdateSensor_0 = runtime.ForwardResponseMessage
-	forward_SensorService_DeleteSensor_0 = runtime.ForwardResponseMessage
+	forward_SensorService_CreateSensor_0       = runtime.ForwardResponseMessage
+	forward_SensorService_GetSensor_0          = runtime.ForwardResponseMessage
+	forward_SensorService_ListSensors_0        = runtime.ForwardResponseMessage
+	forward_SensorService_UpdateSensor_0       = runtime.ForwardResponseMessage
+	forward_SensorService_DeleteSensor_0       = runtime.ForwardResponseMessage
+	forward_SensorService_BatchCreateSensors_0 = runtime.ForwardResponseMessage
 )

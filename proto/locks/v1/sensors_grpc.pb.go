@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SensorService_CreateSensor_FullMethodName = "/locks.v1.SensorService/CreateSensor"
-	SensorService_GetSensor_FullMethodName    = "/locks.v1.SensorService/GetSensor"
-	SensorService_ListSensors_FullMethodName  = "/locks.v1.SensorService/ListSensors"
-	SensorService_UpdateSensor_FullMethodName = "/locks.v1.SensorService/UpdateSensor"
-	SensorService_DeleteSensor_FullMethodName = "/locks.v1.SensorService/DeleteSensor"
+	SensorService_CreateSensor_FullMethodName       = "/locks.v1.SensorService/CreateSensor"
+	SensorService_GetSensor_FullMethodName          = "/locks.v1.SensorService/GetSensor"
+	SensorService_ListSensors_FullMethodName        = "/locks.v1.SensorService/ListSensors"
+	SensorService_UpdateSensor_FullMethodName       = "/locks.v1.SensorService/UpdateSensor"
+	SensorService_DeleteSensor_FullMethodName       = "/locks.v1.SensorService/DeleteSensor"
+	SensorService_BatchCreateSensors_FullMethodName = "/locks.v1.SensorService/BatchCreateSensors"
 )
 
 // SensorServiceClient is the client API for SensorService service.
@@ -45,6 +46,11 @@ type SensorServiceClient interface {
 	UpdateSensor(ctx context.Context, in *UpdateSensorRequest, opts ...grpc.CallOption) (*UpdateSensorResponse, error)
 	// Removes a sensor from the registry. FAILED_PRECONDITION (412) on a stale etag.
 	DeleteSensor(ctx context.Context, in *DeleteSensorRequest, opts ...grpc.CallOption) (*DeleteSensorResponse, error)
+	// Registers up to 1000 sensors in one transaction: all of them or none. INVALID_ARGUMENT
+	// (400) names every invalid item (`requests[3].sensor.id`), an id given twice included, and
+	// a batch of more than 1000; ALREADY_EXISTS (409) names every id that is taken, unless
+	// skip_existing is set.
+	BatchCreateSensors(ctx context.Context, in *BatchCreateSensorsRequest, opts ...grpc.CallOption) (*BatchCreateSensorsResponse, error)
 }
 
 type sensorServiceClient struct {
@@ -105,6 +111,16 @@ func (c *sensorServiceClient) DeleteSensor(ctx context.Context, in *DeleteSensor
 	return out, nil
 }
 
+func (c *sensorServiceClient) BatchCreateSensors(ctx context.Context, in *BatchCreateSensorsRequest, opts ...grpc.CallOption) (*BatchCreateSensorsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchCreateSensorsResponse)
+	err := c.cc.Invoke(ctx, SensorService_BatchCreateSensors_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SensorServiceServer is the server API for SensorService service.
 // All implementations must embed UnimplementedSensorServiceServer
 // for forward compatibility.
@@ -124,6 +140,11 @@ type SensorServiceServer interface {
 	UpdateSensor(context.Context, *UpdateSensorRequest) (*UpdateSensorResponse, error)
 	// Removes a sensor from the registry. FAILED_PRECONDITION (412) on a stale etag.
 	DeleteSensor(context.Context, *DeleteSensorRequest) (*DeleteSensorResponse, error)
+	// Registers up to 1000 sensors in one transaction: all of them or none. INVALID_ARGUMENT
+	// (400) names every invalid item (`requests[3].sensor.id`), an id given twice included, and
+	// a batch of more than 1000; ALREADY_EXISTS (409) names every id that is taken, unless
+	// skip_existing is set.
+	BatchCreateSensors(context.Context, *BatchCreateSensorsRequest) (*BatchCreateSensorsResponse, error)
 	mustEmbedUnimplementedSensorServiceServer()
 }
 
@@ -148,6 +169,9 @@ func (UnimplementedSensorServiceServer) UpdateSensor(context.Context, *UpdateSen
 }
 func (UnimplementedSensorServiceServer) DeleteSensor(context.Context, *DeleteSensorRequest) (*DeleteSensorResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSensor not implemented")
+}
+func (UnimplementedSensorServiceServer) BatchCreateSensors(context.Context, *BatchCreateSensorsRequest) (*BatchCreateSensorsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchCreateSensors not implemented")
 }
 func (UnimplementedSensorServiceServer) mustEmbedUnimplementedSensorServiceServer() {}
 func (UnimplementedSensorServiceServer) testEmbeddedByValue()                       {}
@@ -260,6 +284,24 @@ func _SensorService_DeleteSensor_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SensorService_BatchCreateSensors_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchCreateSensorsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SensorServiceServer).BatchCreateSensors(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SensorService_BatchCreateSensors_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SensorServiceServer).BatchCreateSensors(ctx, req.(*BatchCreateSensorsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SensorService_ServiceDesc is the grpc.ServiceDesc for SensorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -286,6 +328,10 @@ var SensorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSensor",
 			Handler:    _SensorService_DeleteSensor_Handler,
+		},
+		{
+			MethodName: "BatchCreateSensors",
+			Handler:    _SensorService_BatchCreateSensors_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

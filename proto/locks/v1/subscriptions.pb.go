@@ -556,6 +556,108 @@ func (x *ListClientSensorsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// BatchCreateSubscriptionsRequest subscribes one client to many sensors.
+type BatchCreateSubscriptionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// One to 1000 subscriptions, each as CreateSubscription takes it; its client_id may be
+	// left empty and otherwise must be the client_id above. Every sensor once.
+	Requests      []*CreateSubscriptionRequest `protobuf:"bytes,2,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCreateSubscriptionsRequest) Reset() {
+	*x = BatchCreateSubscriptionsRequest{}
+	mi := &file_locks_v1_subscriptions_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCreateSubscriptionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCreateSubscriptionsRequest) ProtoMessage() {}
+
+func (x *BatchCreateSubscriptionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_subscriptions_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCreateSubscriptionsRequest.ProtoReflect.Descriptor instead.
+func (*BatchCreateSubscriptionsRequest) Descriptor() ([]byte, []int) {
+	return file_locks_v1_subscriptions_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *BatchCreateSubscriptionsRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *BatchCreateSubscriptionsRequest) GetRequests() []*CreateSubscriptionRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// BatchCreateSubscriptionsResponse holds the subscriptions, in the order of the requests.
+type BatchCreateSubscriptionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The subscriptions, in the order of the requests.
+	Subscriptions []*Subscription `protobuf:"bytes,1,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCreateSubscriptionsResponse) Reset() {
+	*x = BatchCreateSubscriptionsResponse{}
+	mi := &file_locks_v1_subscriptions_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCreateSubscriptionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCreateSubscriptionsResponse) ProtoMessage() {}
+
+func (x *BatchCreateSubscriptionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_locks_v1_subscriptions_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCreateSubscriptionsResponse.ProtoReflect.Descriptor instead.
+func (*BatchCreateSubscriptionsResponse) Descriptor() ([]byte, []int) {
+	return file_locks_v1_subscriptions_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BatchCreateSubscriptionsResponse) GetSubscriptions() []*Subscription {
+	if x != nil {
+		return x.Subscriptions
+	}
+	return nil
+}
+
 var File_locks_v1_subscriptions_proto protoreflect.FileDescriptor
 
 const file_locks_v1_subscriptions_proto_rawDesc = "" +
@@ -596,12 +698,18 @@ const file_locks_v1_subscriptions_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"o\n" +
 	"\x19ListClientSensorsResponse\x12*\n" +
 	"\asensors\x18\x01 \x03(\v2\x10.locks.v1.SensorR\asensors\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\x93\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x7f\n" +
+	"\x1fBatchCreateSubscriptionsRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12?\n" +
+	"\brequests\x18\x02 \x03(\v2#.locks.v1.CreateSubscriptionRequestR\brequests\"`\n" +
+	" BatchCreateSubscriptionsResponse\x12<\n" +
+	"\rsubscriptions\x18\x01 \x03(\v2\x16.locks.v1.SubscriptionR\rsubscriptions2\x86\x04\n" +
 	"\x13SubscriptionService\x12_\n" +
 	"\x12CreateSubscription\x12#.locks.v1.CreateSubscriptionRequest\x1a$.locks.v1.CreateSubscriptionResponse\x12_\n" +
 	"\x12DeleteSubscription\x12#.locks.v1.DeleteSubscriptionRequest\x1a$.locks.v1.DeleteSubscriptionResponse\x12\\\n" +
 	"\x11ListSensorClients\x12\".locks.v1.ListSensorClientsRequest\x1a#.locks.v1.ListSensorClientsResponse\x12\\\n" +
-	"\x11ListClientSensors\x12\".locks.v1.ListClientSensorsRequest\x1a#.locks.v1.ListClientSensorsResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
+	"\x11ListClientSensors\x12\".locks.v1.ListClientSensorsRequest\x1a#.locks.v1.ListClientSensorsResponse\x12q\n" +
+	"\x18BatchCreateSubscriptions\x12).locks.v1.BatchCreateSubscriptionsRequest\x1a*.locks.v1.BatchCreateSubscriptionsResponseB=Z;github.com/lock-sensors/lock-sensors/proto/locks/v1;locksv1b\x06proto3"
 
 var (
 	file_locks_v1_subscriptions_proto_rawDescOnce sync.Once
@@ -615,39 +723,45 @@ func file_locks_v1_subscriptions_proto_rawDescGZIP() []byte {
 	return file_locks_v1_subscriptions_proto_rawDescData
 }
 
-var file_locks_v1_subscriptions_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_locks_v1_subscriptions_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_locks_v1_subscriptions_proto_goTypes = []any{
-	(*Subscription)(nil),               // 0: locks.v1.Subscription
-	(*CreateSubscriptionRequest)(nil),  // 1: locks.v1.CreateSubscriptionRequest
-	(*CreateSubscriptionResponse)(nil), // 2: locks.v1.CreateSubscriptionResponse
-	(*DeleteSubscriptionRequest)(nil),  // 3: locks.v1.DeleteSubscriptionRequest
-	(*DeleteSubscriptionResponse)(nil), // 4: locks.v1.DeleteSubscriptionResponse
-	(*ListSensorClientsRequest)(nil),   // 5: locks.v1.ListSensorClientsRequest
-	(*ListSensorClientsResponse)(nil),  // 6: locks.v1.ListSensorClientsResponse
-	(*ListClientSensorsRequest)(nil),   // 7: locks.v1.ListClientSensorsRequest
-	(*ListClientSensorsResponse)(nil),  // 8: locks.v1.ListClientSensorsResponse
-	(*timestamppb.Timestamp)(nil),      // 9: google.protobuf.Timestamp
-	(*Client)(nil),                     // 10: locks.v1.Client
-	(*Sensor)(nil),                     // 11: locks.v1.Sensor
+	(*Subscription)(nil),                     // 0: locks.v1.Subscription
+	(*CreateSubscriptionRequest)(nil),        // 1: locks.v1.CreateSubscriptionRequest
+	(*CreateSubscriptionResponse)(nil),       // 2: locks.v1.CreateSubscriptionResponse
+	(*DeleteSubscriptionRequest)(nil),        // 3: locks.v1.DeleteSubscriptionRequest
+	(*DeleteSubscriptionResponse)(nil),       // 4: locks.v1.DeleteSubscriptionResponse
+	(*ListSensorClientsRequest)(nil),         // 5: locks.v1.ListSensorClientsRequest
+	(*ListSensorClientsResponse)(nil),        // 6: locks.v1.ListSensorClientsResponse
+	(*ListClientSensorsRequest)(nil),         // 7: locks.v1.ListClientSensorsRequest
+	(*ListClientSensorsResponse)(nil),        // 8: locks.v1.ListClientSensorsResponse
+	(*BatchCreateSubscriptionsRequest)(nil),  // 9: locks.v1.BatchCreateSubscriptionsRequest
+	(*BatchCreateSubscriptionsResponse)(nil), // 10: locks.v1.BatchCreateSubscriptionsResponse
+	(*timestamppb.Timestamp)(nil),            // 11: google.protobuf.Timestamp
+	(*Client)(nil),                           // 12: locks.v1.Client
+	(*Sensor)(nil),                           // 13: locks.v1.Sensor
 }
 var file_locks_v1_subscriptions_proto_depIdxs = []int32{
-	9,  // 0: locks.v1.Subscription.create_time:type_name -> google.protobuf.Timestamp
+	11, // 0: locks.v1.Subscription.create_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: locks.v1.CreateSubscriptionResponse.subscription:type_name -> locks.v1.Subscription
-	10, // 2: locks.v1.ListSensorClientsResponse.clients:type_name -> locks.v1.Client
-	11, // 3: locks.v1.ListClientSensorsResponse.sensors:type_name -> locks.v1.Sensor
-	1,  // 4: locks.v1.SubscriptionService.CreateSubscription:input_type -> locks.v1.CreateSubscriptionRequest
-	3,  // 5: locks.v1.SubscriptionService.DeleteSubscription:input_type -> locks.v1.DeleteSubscriptionRequest
-	5,  // 6: locks.v1.SubscriptionService.ListSensorClients:input_type -> locks.v1.ListSensorClientsRequest
-	7,  // 7: locks.v1.SubscriptionService.ListClientSensors:input_type -> locks.v1.ListClientSensorsRequest
-	2,  // 8: locks.v1.SubscriptionService.CreateSubscription:output_type -> locks.v1.CreateSubscriptionResponse
-	4,  // 9: locks.v1.SubscriptionService.DeleteSubscription:output_type -> locks.v1.DeleteSubscriptionResponse
-	6,  // 10: locks.v1.SubscriptionService.ListSensorClients:output_type -> locks.v1.ListSensorClientsResponse
-	8,  // 11: locks.v1.SubscriptionService.ListClientSensors:output_type -> locks.v1.ListClientSensorsResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	12, // 2: locks.v1.ListSensorClientsResponse.clients:type_name -> locks.v1.Client
+	13, // 3: locks.v1.ListClientSensorsResponse.sensors:type_name -> locks.v1.Sensor
+	1,  // 4: locks.v1.BatchCreateSubscriptionsRequest.requests:type_name -> locks.v1.CreateSubscriptionRequest
+	0,  // 5: locks.v1.BatchCreateSubscriptionsResponse.subscriptions:type_name -> locks.v1.Subscription
+	1,  // 6: locks.v1.SubscriptionService.CreateSubscription:input_type -> locks.v1.CreateSubscriptionRequest
+	3,  // 7: locks.v1.SubscriptionService.DeleteSubscription:input_type -> locks.v1.DeleteSubscriptionRequest
+	5,  // 8: locks.v1.SubscriptionService.ListSensorClients:input_type -> locks.v1.ListSensorClientsRequest
+	7,  // 9: locks.v1.SubscriptionService.ListClientSensors:input_type -> locks.v1.ListClientSensorsRequest
+	9,  // 10: locks.v1.SubscriptionService.BatchCreateSubscriptions:input_type -> locks.v1.BatchCreateSubscriptionsRequest
+	2,  // 11: locks.v1.SubscriptionService.CreateSubscription:output_type -> locks.v1.CreateSubscriptionResponse
+	4,  // 12: locks.v1.SubscriptionService.DeleteSubscription:output_type -> locks.v1.DeleteSubscriptionResponse
+	6,  // 13: locks.v1.SubscriptionService.ListSensorClients:output_type -> locks.v1.ListSensorClientsResponse
+	8,  // 14: locks.v1.SubscriptionService.ListClientSensors:output_type -> locks.v1.ListClientSensorsResponse
+	10, // 15: locks.v1.SubscriptionService.BatchCreateSubscriptions:output_type -> locks.v1.BatchCreateSubscriptionsResponse
+	11, // [11:16] is the sub-list for method output_type
+	6,  // [6:11] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_locks_v1_subscriptions_proto_init() }
@@ -663,7 +777,7 @@ func file_locks_v1_subscriptions_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_locks_v1_subscriptions_proto_rawDesc), len(file_locks_v1_subscriptions_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

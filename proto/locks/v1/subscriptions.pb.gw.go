@@ -271,6 +271,51 @@ func local_request_SubscriptionService_ListClientSensors_0(ctx context.Context, 
 	return msg, metadata, err
 }
 
+func request_SubscriptionService_BatchCreateSubscriptions_0(ctx context.Context, marshaler runtime.Marshaler, client SubscriptionServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq BatchCreateSubscriptionsRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["client_id"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "client_id")
+	}
+	protoReq.ClientId, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "client_id", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.BatchCreateSubscriptions(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_SubscriptionService_BatchCreateSubscriptions_0(ctx context.Context, marshaler runtime.Marshaler, server SubscriptionServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq BatchCreateSubscriptionsRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["client_id"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "client_id")
+	}
+	protoReq.ClientId, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "client_id", err)
+	}
+	msg, err := server.BatchCreateSubscriptions(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterSubscriptionServiceHandlerServer registers the http handlers for service SubscriptionService to "mux".
 // UnaryRPC     :call SubscriptionServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -356,6 +401,26 @@ func RegisterSubscriptionServiceHandlerServer(ctx context.Context, mux *runtime.
 			return
 		}
 		forward_SubscriptionService_ListClientSensors_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_SubscriptionService_BatchCreateSubscriptions_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/locks.v1.SubscriptionService/BatchCreateSubscriptions", runtime.WithHTTPPathPattern("/v1/clients/{client_id}/sensors:batchCreate"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_SubscriptionService_BatchCreateSubscriptions_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SubscriptionService_BatchCreateSubscriptions_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -465,6 +530,23 @@ func RegisterSubscriptionServiceHandlerClient(ctx context.Context, mux *runtime.
 		}
 		forward_SubscriptionService_ListClientSensors_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_SubscriptionService_BatchCreateSubscriptions_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/locks.v1.SubscriptionService/BatchCreateSubscriptions", runtime.WithHTTPPathPattern("/v1/clients/{client_id}/sensors:batchCreate"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_SubscriptionService_BatchCreateSubscriptions_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SubscriptionService_BatchCreateSubscriptions_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
@@ -478,15 +560,17 @@ func (m response_SubscriptionService_CreateSubscription_0) XXX_ResponseBody() in
 }
 
 var (
-	pattern_SubscriptionService_CreateSubscription_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"v1", "sensors", "sensor_id", "clients", "client_id"}, ""))
-	pattern_SubscriptionService_DeleteSubscription_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"v1", "sensors", "sensor_id", "clients", "client_id"}, ""))
-	pattern_SubscriptionService_ListSensorClients_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "sensors", "sensor_id", "clients"}, ""))
-	pattern_SubscriptionService_ListClientSensors_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "clients", "client_id", "sensors"}, ""))
+	pattern_SubscriptionService_CreateSubscription_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"v1", "sensors", "sensor_id", "clients", "client_id"}, ""))
+	pattern_SubscriptionService_DeleteSubscription_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"v1", "sensors", "sensor_id", "clients", "client_id"}, ""))
+	pattern_SubscriptionService_ListSensorClients_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "sensors", "sensor_id", "clients"}, ""))
+	pattern_SubscriptionService_ListClientSensors_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "clients", "client_id", "sensors"}, ""))
+	pattern_SubscriptionService_BatchCreateSubscriptions_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "clients", "client_id", "sensors"}, "batchCreate"))
 )
 
 var (
-	forward_SubscriptionService_CreateSubscription_0 = runtime.ForwardResponseMessage
-	forward_SubscriptionService_DeleteSubscription_0 = runtime.ForwardResponseMessage
-	forward_SubscriptionService_ListSensorClients_0  = runtime.ForwardResponseMessage
-	forward_SubscriptionService_ListClientSensors_0  = runtime.ForwardResponseMessage
+	forward_SubscriptionService_CreateSubscription_0       = runtime.ForwardResponseMessage
+	forward_SubscriptionService_DeleteSubscription_0       = runtime.ForwardResponseMessage
+	forward_SubscriptionService_ListSensorClients_0        = runtime.ForwardResponseMessage
+	forward_SubscriptionService_ListClientSensors_0        = runtime.ForwardResponseMessage
+	forward_SubscriptionService_BatchCreateSubscriptions_0 = runtime.ForwardResponseMessage
 )

@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SubscriptionService_CreateSubscription_FullMethodName = "/locks.v1.SubscriptionService/CreateSubscription"
-	SubscriptionService_DeleteSubscription_FullMethodName = "/locks.v1.SubscriptionService/DeleteSubscription"
-	SubscriptionService_ListSensorClients_FullMethodName  = "/locks.v1.SubscriptionService/ListSensorClients"
-	SubscriptionService_ListClientSensors_FullMethodName  = "/locks.v1.SubscriptionService/ListClientSensors"
+	SubscriptionService_CreateSubscription_FullMethodName       = "/locks.v1.SubscriptionService/CreateSubscription"
+	SubscriptionService_DeleteSubscription_FullMethodName       = "/locks.v1.SubscriptionService/DeleteSubscription"
+	SubscriptionService_ListSensorClients_FullMethodName        = "/locks.v1.SubscriptionService/ListSensorClients"
+	SubscriptionService_ListClientSensors_FullMethodName        = "/locks.v1.SubscriptionService/ListClientSensors"
+	SubscriptionService_BatchCreateSubscriptions_FullMethodName = "/locks.v1.SubscriptionService/BatchCreateSubscriptions"
 )
 
 // SubscriptionServiceClient is the client API for SubscriptionService service.
@@ -41,6 +42,11 @@ type SubscriptionServiceClient interface {
 	ListSensorClients(ctx context.Context, in *ListSensorClientsRequest, opts ...grpc.CallOption) (*ListSensorClientsResponse, error)
 	// Lists the sensors a client is subscribed to, in id order, each with its state.
 	ListClientSensors(ctx context.Context, in *ListClientSensorsRequest, opts ...grpc.CallOption) (*ListClientSensorsResponse, error)
+	// Subscribes a client to up to 1000 sensors in one transaction: all of them or none.
+	// Idempotent as CreateSubscription is. INVALID_ARGUMENT (400) names every invalid item
+	// (`requests[3].sensor_id`), a sensor given twice included, and a batch of more than 1000;
+	// NOT_FOUND (404) names the client, or every sensor that is not registered.
+	BatchCreateSubscriptions(ctx context.Context, in *BatchCreateSubscriptionsRequest, opts ...grpc.CallOption) (*BatchCreateSubscriptionsResponse, error)
 }
 
 type subscriptionServiceClient struct {
@@ -91,6 +97,16 @@ func (c *subscriptionServiceClient) ListClientSensors(ctx context.Context, in *L
 	return out, nil
 }
 
+func (c *subscriptionServiceClient) BatchCreateSubscriptions(ctx context.Context, in *BatchCreateSubscriptionsRequest, opts ...grpc.CallOption) (*BatchCreateSubscriptionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchCreateSubscriptionsResponse)
+	err := c.cc.Invoke(ctx, SubscriptionService_BatchCreateSubscriptions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SubscriptionServiceServer is the server API for SubscriptionService service.
 // All implementations must embed UnimplementedSubscriptionServiceServer
 // for forward compatibility.
@@ -107,6 +123,11 @@ type SubscriptionServiceServer interface {
 	ListSensorClients(context.Context, *ListSensorClientsRequest) (*ListSensorClientsResponse, error)
 	// Lists the sensors a client is subscribed to, in id order, each with its state.
 	ListClientSensors(context.Context, *ListClientSensorsRequest) (*ListClientSensorsResponse, error)
+	// Subscribes a client to up to 1000 sensors in one transaction: all of them or none.
+	// Idempotent as CreateSubscription is. INVALID_ARGUMENT (400) names every invalid item
+	// (`requests[3].sensor_id`), a sensor given twice included, and a batch of more than 1000;
+	// NOT_FOUND (404) names the client, or every sensor that is not registered.
+	BatchCreateSubscriptions(context.Context, *BatchCreateSubscriptionsRequest) (*BatchCreateSubscriptionsResponse, error)
 	mustEmbedUnimplementedSubscriptionServiceServer()
 }
 
@@ -128,6 +149,9 @@ func (UnimplementedSubscriptionServiceServer) ListSensorClients(context.Context,
 }
 func (UnimplementedSubscriptionServiceServer) ListClientSensors(context.Context, *ListClientSensorsRequest) (*ListClientSensorsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListClientSensors not implemented")
+}
+func (UnimplementedSubscriptionServiceServer) BatchCreateSubscriptions(context.Context, *BatchCreateSubscriptionsRequest) (*BatchCreateSubscriptionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchCreateSubscriptions not implemented")
 }
 func (UnimplementedSubscriptionServiceServer) mustEmbedUnimplementedSubscriptionServiceServer() {}
 func (UnimplementedSubscriptionServiceServer) testEmbeddedByValue()                             {}
@@ -222,6 +246,24 @@ func _SubscriptionService_ListClientSensors_Handler(srv interface{}, ctx context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SubscriptionService_BatchCreateSubscriptions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchCreateSubscriptionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SubscriptionServiceServer).BatchCreateSubscriptions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SubscriptionService_BatchCreateSubscriptions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SubscriptionServiceServer).BatchCreateSubscriptions(ctx, req.(*BatchCreateSubscriptionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SubscriptionService_ServiceDesc is the grpc.ServiceDesc for SubscriptionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +286,10 @@ var SubscriptionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListClientSensors",
 			Handler:    _SubscriptionService_ListClientSensors_Handler,
+		},
+		{
+			MethodName: "BatchCreateSubscriptions",
+			Handler:    _SubscriptionService_BatchCreateSubscriptions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
