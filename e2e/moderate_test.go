@@ -58,6 +58,10 @@ func BenchmarkModerateLatency(b *testing.B) {
 				}
 				// Where it waited: the median of each hop (locks_stage_seconds).
 				stages, err := stageMedians("http://" + s.http + "/metrics")
+				if err != nil && os.Getenv("LOCKS_BENCH_LOCKS_BIN") != "" {
+					b.Logf("no stage split from this build: %v", err) // a build from before the split
+					continue
+				}
 				if err != nil {
 					b.Fatal(err)
 				}
