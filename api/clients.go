@@ -20,6 +20,25 @@ import (
 // secretOverlap is how long a replaced signing secret keeps signing after a rotation.
 const secretOverlap = 24 * time.Hour
 
+// maxSecretOverlap bounds the overlap a rotation may ask for.
+const maxSecretOverlap = 7 * 24 * time.Hour
+
+// rotationOverlap is the overlap req asks for: secretOverlap when unset.
+func rotationOverlap(req *locksv1.RotateClientSecretRequest) (time.Duration, error) {
+	o := req.GetPreviousSecretOverlap()
+	if o == nil {
+		return secretOverlap, nil
+	}
+	if err := o.CheckValid(); err != nil {
+		return 0, fieldErr("previous_secret_overlap", "not a duration: %v", err)
+	}
+	d := o.AsDuration()
+	if d < 0 || d > maxSecretOverlap {
+		return 0, fieldErr("previous_secret_overlap", "must be between 0s (end the old secret at once) and 168h")
+	}
+	return d, nil
+}
+
 // newSecret is `whsec_` + base64 of 32 random bytes (the Standard Webhooks format).
 func newSecret() (string, error) {
 	b := make([]byte, 32)
@@ -270,6 +289,10 @@ func (c *clientService) RotateClientSecret(ctx context.Context, req *locksv1.Rot
 	if err := checkClientID("id", id); err != nil {
 		return nil, err
 	}
+	overlap, err := rotationOverlap(req)
+	if err != nil {
+		return nil, err
+	}
 	secret, err := newSecret()
 	if err != nil {
 		return nil, err
@@ -287,7 +310,7 @@ func (c *clientService) RotateClientSecret(ctx context.Context, req *locksv1.Rot
 			UPDATE clients AS c SET previous_secret = c.signing_secret,
 				previous_secret_until = now() + make_interval(secs => $3),
 				signing_secret = $2, version = c.version + 1, updated_at = now()
-			WHERE c.id = $1 RETURNING `+clientCols, id, secret, secretOverlap.Seconds()))
+			WHERE c.id = $1 RETURNING `+clientCols, id, secret, overlap.Seconds()))
 		if err != nil {
 			return fmt.Errorf("rotate secret: %w", err)
 		}

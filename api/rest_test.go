@@ -306,3 +306,37 @@ func TestRESTBodyLimitAndMethods(t *testing.T) {
 	e.want(e.do("GET", "/v1/nothing-here", nil), 404, "no such path")
 	e.want(e.do("POST", "/v1/sensors/S1/state", nil), 405, "not allowed")
 }
+
+// A rotation may shorten the old secret's overlap, to nothing for one that leaked; a second
+// rotation with no overlap also ends the first one's.
+func TestRotateSecretOverlap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r := e.want(e.do("POST", "/v1/clients", map[string]any{"name": "Leaky", "webhook_url": "https://203.0.113.10/hook"}), 200)
+	id := r.str("id")
+	until := func(r resp) time.Duration {
+		t.Helper()
+		u, err := time.Parse(time.RFC3339Nano, r.str("previous_secret_until"))
+		if err != nil {
+			t.Fatalf("previous_secret_until %q: %v", r.str("previous_secret_until"), err)
+		}
+		return time.Until(u)
+	}
+	r = e.want(e.do("POST", "/v1/clients/"+id+":rotateSecret", map[string]any{"previous_secret_overlap": "3600s"}), 200)
+	if d := until(r); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("an overlap of 1h ends in %v", d)
+	}
+	first := r.str("signing_secret")
+	r = e.want(e.do("POST", "/v1/clients/"+id+":rotateSecret", map[string]any{"previous_secret_overlap": "0s"}), 200)
+	if r.str("previous_secret") != "" || r.str("previous_secret_until") != "" || r.str("signing_secret") == first {
+		t.Fatalf("a rotation with no overlap: %s; want a new secret and none still signing beside it", r.raw)
+	}
+	// Read back: the secret that signed until now no longer does.
+	r = e.want(e.do("GET", "/v1/clients/"+id, nil), 200)
+	if r.str("previous_secret") != "" || r.str("previous_secret_until") != "" {
+		t.Fatalf("after a rotation with no overlap the old secret is still shown as signing: %s", r.raw)
+	}
+	for _, bad := range []string{"-1s", "169h"} {
+		e.want(e.do("POST", "/v1/clients/"+id+":rotateSecret", map[string]any{"previous_secret_overlap": bad}), 400, "previous_secret_overlap")
+	}
+}

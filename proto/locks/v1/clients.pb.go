@@ -9,6 +9,7 @@ package locksv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -680,9 +681,13 @@ type RotateClientSecretRequest struct {
 	// The client's id.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// If set, the rotation happens only if this is the client's current etag.
-	Etag          string `protobuf:"bytes,2,opt,name=etag,proto3" json:"etag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Etag string `protobuf:"bytes,2,opt,name=etag,proto3" json:"etag,omitempty"`
+	// How long the replaced secret still signs beside the new one, so that receivers can switch
+	// over: 24h when unset, at most 7 days. "0s" ends it at once (a secret that leaked); rotating
+	// again with "0s" also ends an earlier rotation's overlap.
+	PreviousSecretOverlap *durationpb.Duration `protobuf:"bytes,3,opt,name=previous_secret_overlap,json=previousSecretOverlap,proto3" json:"previous_secret_overlap,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *RotateClientSecretRequest) Reset() {
@@ -727,6 +732,13 @@ func (x *RotateClientSecretRequest) GetEtag() string {
 		return x.Etag
 	}
 	return ""
+}
+
+func (x *RotateClientSecretRequest) GetPreviousSecretOverlap() *durationpb.Duration {
+	if x != nil {
+		return x.PreviousSecretOverlap
+	}
+	return nil
 }
 
 // RotateClientSecretResponse holds the client with its new secret (REST returns the client).
@@ -779,7 +791,7 @@ var File_locks_v1_clients_proto protoreflect.FileDescriptor
 
 const file_locks_v1_clients_proto_rawDesc = "" +
 	"\n" +
-	"\x16locks/v1/clients.proto\x12\blocks.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x04\n" +
+	"\x16locks/v1/clients.proto\x12\blocks.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x04\n" +
 	"\x06Client\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -823,10 +835,11 @@ const file_locks_v1_clients_proto_rawDesc = "" +
 	"\x13DeleteClientRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04etag\x18\x02 \x01(\tR\x04etag\"\x16\n" +
-	"\x14DeleteClientResponse\"?\n" +
+	"\x14DeleteClientResponse\"\x92\x01\n" +
 	"\x19RotateClientSecretRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04etag\x18\x02 \x01(\tR\x04etag\"F\n" +
+	"\x04etag\x18\x02 \x01(\tR\x04etag\x12Q\n" +
+	"\x17previous_secret_overlap\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x15previousSecretOverlap\"F\n" +
 	"\x1aRotateClientSecretResponse\x12(\n" +
 	"\x06client\x18\x01 \x01(\v2\x10.locks.v1.ClientR\x06client2\xef\x03\n" +
 	"\rClientService\x12M\n" +
@@ -866,6 +879,7 @@ var file_locks_v1_clients_proto_goTypes = []any{
 	(*RotateClientSecretResponse)(nil), // 12: locks.v1.RotateClientSecretResponse
 	(*timestamppb.Timestamp)(nil),      // 13: google.protobuf.Timestamp
 	(*fieldmaskpb.FieldMask)(nil),      // 14: google.protobuf.FieldMask
+	(*durationpb.Duration)(nil),        // 15: google.protobuf.Duration
 }
 var file_locks_v1_clients_proto_depIdxs = []int32{
 	13, // 0: locks.v1.Client.previous_secret_until:type_name -> google.protobuf.Timestamp
@@ -879,24 +893,25 @@ var file_locks_v1_clients_proto_depIdxs = []int32{
 	0,  // 8: locks.v1.UpdateClientRequest.client:type_name -> locks.v1.Client
 	14, // 9: locks.v1.UpdateClientRequest.update_mask:type_name -> google.protobuf.FieldMask
 	0,  // 10: locks.v1.UpdateClientResponse.client:type_name -> locks.v1.Client
-	0,  // 11: locks.v1.RotateClientSecretResponse.client:type_name -> locks.v1.Client
-	1,  // 12: locks.v1.ClientService.CreateClient:input_type -> locks.v1.CreateClientRequest
-	3,  // 13: locks.v1.ClientService.GetClient:input_type -> locks.v1.GetClientRequest
-	5,  // 14: locks.v1.ClientService.ListClients:input_type -> locks.v1.ListClientsRequest
-	7,  // 15: locks.v1.ClientService.UpdateClient:input_type -> locks.v1.UpdateClientRequest
-	9,  // 16: locks.v1.ClientService.DeleteClient:input_type -> locks.v1.DeleteClientRequest
-	11, // 17: locks.v1.ClientService.RotateClientSecret:input_type -> locks.v1.RotateClientSecretRequest
-	2,  // 18: locks.v1.ClientService.CreateClient:output_type -> locks.v1.CreateClientResponse
-	4,  // 19: locks.v1.ClientService.GetClient:output_type -> locks.v1.GetClientResponse
-	6,  // 20: locks.v1.ClientService.ListClients:output_type -> locks.v1.ListClientsResponse
-	8,  // 21: locks.v1.ClientService.UpdateClient:output_type -> locks.v1.UpdateClientResponse
-	10, // 22: locks.v1.ClientService.DeleteClient:output_type -> locks.v1.DeleteClientResponse
-	12, // 23: locks.v1.ClientService.RotateClientSecret:output_type -> locks.v1.RotateClientSecretResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	15, // 11: locks.v1.RotateClientSecretRequest.previous_secret_overlap:type_name -> google.protobuf.Duration
+	0,  // 12: locks.v1.RotateClientSecretResponse.client:type_name -> locks.v1.Client
+	1,  // 13: locks.v1.ClientService.CreateClient:input_type -> locks.v1.CreateClientRequest
+	3,  // 14: locks.v1.ClientService.GetClient:input_type -> locks.v1.GetClientRequest
+	5,  // 15: locks.v1.ClientService.ListClients:input_type -> locks.v1.ListClientsRequest
+	7,  // 16: locks.v1.ClientService.UpdateClient:input_type -> locks.v1.UpdateClientRequest
+	9,  // 17: locks.v1.ClientService.DeleteClient:input_type -> locks.v1.DeleteClientRequest
+	11, // 18: locks.v1.ClientService.RotateClientSecret:input_type -> locks.v1.RotateClientSecretRequest
+	2,  // 19: locks.v1.ClientService.CreateClient:output_type -> locks.v1.CreateClientResponse
+	4,  // 20: locks.v1.ClientService.GetClient:output_type -> locks.v1.GetClientResponse
+	6,  // 21: locks.v1.ClientService.ListClients:output_type -> locks.v1.ListClientsResponse
+	8,  // 22: locks.v1.ClientService.UpdateClient:output_type -> locks.v1.UpdateClientResponse
+	10, // 23: locks.v1.ClientService.DeleteClient:output_type -> locks.v1.DeleteClientResponse
+	12, // 24: locks.v1.ClientService.RotateClientSecret:output_type -> locks.v1.RotateClientSecretResponse
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_locks_v1_clients_proto_init() }
