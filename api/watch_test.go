@@ -83,6 +83,18 @@ func TestWatch(t *testing.T) {
 	f := newTokenFixture(t)
 	other := newEnv(t, sharedDB(f.db))
 	rev := int64(0)
+	// The feed shows a row once every older transaction of the Postgres server has ended (the
+	// horizon is the server's, docs/contract.md): another database's transaction open at the
+	// commit (other packages' tests share the server) may hold an item past the 1 s bound,
+	// which then is not asserted, only that the item comes, in order.
+	otherOpen := func() bool {
+		var open bool
+		if err := f.db.QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname IS DISTINCT FROM current_database() AND backend_xid IS NOT NULL)`).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		return open
+	}
 	insert := func(n int) (bodies [][]byte, at time.Time) {
 		for range n {
 			rev++
@@ -90,6 +102,9 @@ func TestWatch(t *testing.T) {
 			insertDelivery(t, f.db, f.a, ev, "pending")
 			insertDelivery(t, f.db, f.b, ev, "pending") // b's: never in a's watch
 			bodies = append(bodies, webhookBody(t, ev, "Street s1"))
+		}
+		if otherOpen() {
+			return bodies, time.Time{}
 		}
 		return bodies, time.Now()
 	}
@@ -107,11 +122,11 @@ func TestWatch(t *testing.T) {
 
 	before, _ := insert(3)
 	items, errc, stop := watchGRPC(t, f.env, f.tokA, f.a, "")
-	check(next(t, items, 3, 5*time.Second), before, time.Time{})
+	check(next(t, items, 3, 30*time.Second), before, time.Time{})
 	var last string
 	for range 3 { // live, one at a time
 		want, at := insert(1)
-		got := next(t, items, 1, 5*time.Second)
+		got := next(t, items, 1, 30*time.Second)
 		check(got, want, at)
 		last = got[0].cursor
 	}
@@ -122,9 +137,9 @@ func TestWatch(t *testing.T) {
 	// Events while disconnected; resumed on another instance.
 	missed, _ := insert(4)
 	items, errc, stop = watchGRPC(t, other, f.tokA, f.a, last)
-	check(next(t, items, 4, 5*time.Second), missed, time.Time{})
+	check(next(t, items, 4, 30*time.Second), missed, time.Time{})
 	want, at := insert(2)
-	check(next(t, items, 2, 5*time.Second), want, at)
+	check(next(t, items, 2, 30*time.Second), want, at)
 	noMore(t, items, 300*time.Millisecond)
 	stop()
 	<-errc
