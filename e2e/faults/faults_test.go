@@ -101,49 +101,25 @@ func (r *run) killNode(i int, what string) {
 // watchLeader polls the leaders of READINGS and EVENTS until the returned function is
 // called, which gives the longest span in which either had none (or could not be asked).
 func (r *run) watchLeader() func() time.Duration {
-	ctx, stop := context.WithCancel(r.t.Context())
-	done := make(chan time.Duration, 1)
-	go func() {
-		var worst time.Duration
-		var since time.Time // the start of the current leaderless span
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			led := true
-			for _, name := range []string{natsx.ReadingsStream, natsx.EventsStream} {
-				qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-				st, err := r.js.Stream(qctx, name)
-				cancel()
-				led = led && err == nil && st.CachedInfo().Cluster != nil && st.CachedInfo().Cluster.Leader != ""
-			}
-			now := time.Now()
-			if led {
-				since = time.Time{}
-			} else if since.IsZero() {
-				since = now
-			}
-			if !since.IsZero() {
-				worst = max(worst, now.Sub(since))
-			}
-			select {
-			case <-ctx.Done():
-				done <- worst
-				return
-			case <-tick.C:
+	return r.watchSpans(func(ctx context.Context) bool {
+		for _, name := range []string{natsx.ReadingsStream, natsx.EventsStream} {
+			qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			st, err := r.js.Stream(qctx, name)
+			cancel()
+			if err != nil || st.CachedInfo().Cluster == nil || st.CachedInfo().Cluster.Leader == "" {
+				return false
 			}
 		}
-	}()
-	return func() time.Duration { stop(); return <-done }
+		return true
+	})
 }
 
 // watchMetaLeader polls the nodes' /jsz until the returned function is called, which gives
 // the longest span in which the JetStream meta group had no leader that says so itself (a
 // follower names a dead leader for a while). Creating or deleting a consumer needs it.
 func (r *run) watchMetaLeader() func() time.Duration {
-	ctx, stop := context.WithCancel(r.t.Context())
-	done := make(chan time.Duration, 1)
 	client := &http.Client{Timeout: 300 * time.Millisecond}
-	leaderOf := func(i int) string {
+	leaderOf := func(ctx context.Context, i int) string {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.c.NodeMonitor(i)+"/jsz", nil)
 		if err != nil {
 			return ""
@@ -163,23 +139,32 @@ func (r *run) watchMetaLeader() func() time.Duration {
 		}
 		return jz.Meta.Leader
 	}
+	return r.watchSpans(func(ctx context.Context) bool {
+		for i := range r.c.Nodes {
+			if l := leaderOf(ctx, i); l != "" {
+				if j := r.c.NodeIndex(l); j >= 0 && leaderOf(ctx, j) == l {
+					return true
+				}
+			}
+		}
+		return false
+	})
+}
+
+// watchSpans asks led every 100 ms until the returned function is called, which gives the
+// longest span in which led said false.
+func (r *run) watchSpans(led func(context.Context) bool) func() time.Duration {
+	ctx, stop := context.WithCancel(r.t.Context())
+	done := make(chan time.Duration, 1)
 	go func() {
 		var worst time.Duration
-		var since time.Time
+		var since time.Time // the start of the current span without a leader
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			led := false
-			for i := range r.c.Nodes {
-				if l := leaderOf(i); l != "" {
-					if j := r.c.NodeIndex(l); j >= 0 && leaderOf(j) == l {
-						led = true
-						break
-					}
-				}
-			}
+			ok := led(ctx)
 			now := time.Now()
-			if led {
+			if ok {
 				since = time.Time{}
 			} else if since.IsZero() {
 				since = now
