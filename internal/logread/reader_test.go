@@ -103,25 +103,13 @@ func TestReaderInOrderThroughLostConsumer(t *testing.T) {
 // broken run is reported.
 func TestDurableReaderRepairsALostDelivery(t *testing.T) {
 	t.Parallel()
-	ns := testenv.NATS(t)
-	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	ns := oneReadingsPartition(t)
 	for i := range 20 {
-		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
+		publishReading(t, ns, i)
 	}
 	proxy := testenv.NewNATSProxy(t, ns.URL)
 	dropped := proxy.DropNth("$JS.ACK."+natsx.ReadingsStream+".dur.", 5)
-	var gaps []string
-	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
-		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
-		OnGap: func(reason string) { gaps = append(gaps, reason) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, gaps := openDurable(t, proxy.URL)
 	var got []uint64
 	deadline := time.Now().Add(5 * time.Second)
 	for len(got) < 20 && time.Now().Before(deadline) {
@@ -145,8 +133,8 @@ func TestDurableReaderRepairsALostDelivery(t *testing.T) {
 			t.Fatalf("sequences %v: want 1..20 once each, in order", got)
 		}
 	}
-	if len(got) != 20 || len(gaps) != 1 {
-		t.Fatalf("%d messages (want 20), broken runs reported %q (want one)", len(got), gaps)
+	if len(got) != 20 || len(*gaps) != 1 {
+		t.Fatalf("%d messages (want 20), broken runs reported %q (want one)", len(got), *gaps)
 	}
 }
 
@@ -155,25 +143,10 @@ func TestDurableReaderRepairsALostDelivery(t *testing.T) {
 // answer to that check is lost in flight, and the reader reads on within two seconds.
 func TestIdleReaderRecreatesAConsumerThatDoesNotAnswer(t *testing.T) {
 	t.Parallel()
-	ns := testenv.NATS(t)
-	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(i int) {
-		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	publish(0)
+	ns := oneReadingsPartition(t)
+	publishReading(t, ns, 0)
 	proxy := testenv.NewNATSProxy(t, ns.URL)
-	var gaps []string
-	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
-		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
-		OnGap: func(reason string) { gaps = append(gaps, reason) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, gaps := openDurable(t, proxy.URL)
 	msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond)
 	if err != nil || len(msgs) != 1 {
 		t.Fatalf("first fetch: %d messages, %v", len(msgs), err)
@@ -192,10 +165,10 @@ func TestIdleReaderRecreatesAConsumerThatDoesNotAnswer(t *testing.T) {
 	default:
 		t.Fatal("the proxy lost no consumer info answer: the test shows nothing")
 	}
-	if len(gaps) != 1 || !strings.Contains(gaps[0], "did not answer") {
-		t.Fatalf("broken runs reported %q, want one saying the consumer did not answer", gaps)
+	if len(*gaps) != 1 || !strings.Contains((*gaps)[0], "did not answer") {
+		t.Fatalf("broken runs reported %q, want one saying the consumer did not answer", *gaps)
 	}
-	publish(1)
+	publishReading(t, ns, 1)
 	var got []uint64
 	for len(got) == 0 && time.Since(start) < 10*time.Second {
 		msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond)
@@ -220,19 +193,9 @@ func TestIdleReaderRecreatesAConsumerThatDoesNotAnswer(t *testing.T) {
 // a new consumer at once.
 func TestReaderRecreatesAfterAnUnansweredPull(t *testing.T) {
 	t.Parallel()
-	ns := testenv.NATS(t)
-	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	ns := oneReadingsPartition(t)
 	proxy := testenv.NewNATSProxy(t, ns.URL)
-	var gaps []string
-	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
-		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
-		OnGap: func(reason string) { gaps = append(gaps, reason) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, gaps := openDurable(t, proxy.URL)
 	lost := proxy.DropBody(func(_, reply string, body []byte) bool {
 		return reply == "" && bytes.HasPrefix(body, []byte("NATS/1.0 404"))
 	})
@@ -244,12 +207,10 @@ func TestReaderRecreatesAfterAnUnansweredPull(t *testing.T) {
 	default:
 		t.Fatal("the proxy lost no pull answer: the test shows nothing")
 	}
-	if len(gaps) != 1 || !strings.Contains(gaps[0], "did not answer a pull") {
-		t.Fatalf("broken runs reported %q, want one saying a pull got no answer", gaps)
+	if len(*gaps) != 1 || !strings.Contains((*gaps)[0], "did not answer a pull") {
+		t.Fatalf("broken runs reported %q, want one saying a pull got no answer", *gaps)
 	}
-	if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s1"), []byte("{}")); err != nil {
-		t.Fatal(err)
-	}
+	publishReading(t, ns, 1)
 	msgs, err := r.Fetch(t.Context(), 10, time.Second)
 	if err != nil || len(msgs) != 1 {
 		t.Fatalf("after the recreation: %d messages, %v; want the one published", len(msgs), err)
@@ -261,24 +222,9 @@ func TestReaderRecreatesAfterAnUnansweredPull(t *testing.T) {
 // (recreating it would), and only recreates it when a delivery went astray.
 func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
 	t.Parallel()
-	ns := testenv.NATS(t)
-	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	publish := func(i int) {
-		if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ns := oneReadingsPartition(t)
 	proxy := testenv.NewNATSProxy(t, ns.URL)
-	var gaps []string
-	r, err := Open(t.Context(), testenv.JetStream(t, proxy.URL, "reader"), Spec{
-		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
-		OnGap: func(reason string) { gaps = append(gaps, reason) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, gaps := openDurable(t, proxy.URL)
 	created := r.Consumer().CachedInfo().Created
 	var got []uint64
 	read := func(wait time.Duration) {
@@ -292,19 +238,19 @@ func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
 			_ = m.Ack()
 		}
 	}
-	publish(0)
+	publishReading(t, ns, 0)
 	read(200 * time.Millisecond)
 	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
 	read(3 * time.Second) // waiting when the connection goes
-	publish(1)
+	publishReading(t, ns, 1)
 	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); {
 		read(500 * time.Millisecond)
 	}
 	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
 		t.Fatalf("sequences %v, want [1 2]", got)
 	}
-	if len(gaps) != 0 {
-		t.Fatalf("broken runs reported %q, want none: nothing was in flight", gaps)
+	if len(*gaps) != 0 {
+		t.Fatalf("broken runs reported %q, want none: nothing was in flight", *gaps)
 	}
 	info, err := r.Consumer().Info(t.Context())
 	if err != nil {
@@ -313,4 +259,36 @@ func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
 	if !info.Created.Equal(created) {
 		t.Fatalf("the consumer was recreated (%v, first %v): it needed the meta leader for nothing", info.Created, created)
 	}
+}
+
+// oneReadingsPartition is a NATS server of the test's own with READINGS in one partition.
+func oneReadingsPartition(t *testing.T) *testenv.NATSEnv {
+	t.Helper()
+	ns := testenv.NATS(t)
+	if err := natsx.Declare(t.Context(), ns.JS, natsx.StreamsConfig{Partitions: 1, LostAfter: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// publishReading appends the i-th reading (of sensor s<i>) to READINGS.
+func publishReading(t *testing.T, ns *testenv.NATSEnv, i int) {
+	t.Helper()
+	if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openDurable opens READINGS' durable reader "dur" through url, and the breaks it reports.
+func openDurable(t *testing.T, url string) (*Reader, *[]string) {
+	t.Helper()
+	gaps := new([]string)
+	r, err := Open(t.Context(), testenv.JetStream(t, url, "reader"), Spec{
+		Stream: natsx.ReadingsStream, Durable: "dur", AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute,
+		OnGap: func(reason string) { *gaps = append(*gaps, reason) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, gaps
 }
