@@ -127,7 +127,35 @@ func (s JaegerSpan) Parent() string {
 
 // Trace asks Jaeger's query API for one trace; nil while Jaeger has none of that id.
 func (j *Jaeger) Trace(ctx context.Context, traceID string) (*JaegerTrace, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.Query+"/api/traces/"+traceID, nil)
+	data, err := j.traces(ctx, "/api/traces/"+traceID)
+	if err != nil || len(data) == 0 {
+		return nil, err
+	}
+	return &data[0], nil
+}
+
+// Operations are the spans named operation of service's traces in the last hour (at most
+// 1000 traces), as Jaeger's search finds them.
+func (j *Jaeger) Operations(ctx context.Context, service, operation string) ([]JaegerSpan, error) {
+	q := url.Values{"service": {service}, "operation": {operation}, "lookback": {"1h"}, "limit": {"1000"}}
+	data, err := j.traces(ctx, "/api/traces?"+q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	var spans []JaegerSpan
+	for _, tr := range data {
+		for _, sp := range tr.Spans {
+			if sp.OperationName == operation {
+				spans = append(spans, sp)
+			}
+		}
+	}
+	return spans, nil
+}
+
+// traces GETs a query path of Jaeger's API that answers traces; none when it answers 404.
+func (j *Jaeger) traces(ctx context.Context, path string) ([]JaegerTrace, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.Query+path, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -143,42 +171,9 @@ func (j *Jaeger) Trace(ctx context.Context, traceID string) (*JaegerTrace, error
 		Data []JaegerTrace `json:"data"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("GET /api/traces/%s (%s): %w", traceID, resp.Status, err)
+		return nil, fmt.Errorf("GET %s (%s): %w", path, resp.Status, err)
 	}
-	if len(out.Data) == 0 {
-		return nil, nil
-	}
-	return &out.Data[0], nil
-}
-
-// Operations are the spans named operation of service's traces in the last hour (at most
-// 1000 traces), as Jaeger's search finds them.
-func (j *Jaeger) Operations(ctx context.Context, service, operation string) ([]JaegerSpan, error) {
-	q := url.Values{"service": {service}, "operation": {operation}, "lookback": {"1h"}, "limit": {"1000"}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.Query+"/api/traces?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Data []JaegerTrace `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("GET /api/traces?%s (%s): %w", q.Encode(), resp.Status, err)
-	}
-	var spans []JaegerSpan
-	for _, tr := range out.Data {
-		for _, sp := range tr.Spans {
-			if sp.OperationName == operation {
-				spans = append(spans, sp)
-			}
-		}
-	}
-	return spans, nil
+	return out.Data, nil
 }
 
 var jaegerBin struct {
