@@ -28,9 +28,16 @@ func (a *Assigner) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 }
 
 // renewKey writes partition p's lease again over revision rev, the last this process wrote.
-// A mismatch whose value still names this owner is its own earlier renewal, which reached the
-// server after the client had given up waiting for the answer: only this process writes its
-// owner id, so the lease is still its own and is written once more over that revision.
+// Two mismatches still leave the lease this process's:
+//   - the key names this owner at a newer revision: its own earlier renewal reached the server
+//     after the client had given up waiting for the answer (only this process writes its
+//     owner id), so it is written once more over that revision;
+//   - the key is gone: the bucket's TTL removed it while no renewal could be written (the
+//     bucket's stream was electing a leader), and nobody has taken it since, so it is created
+//     again. Had another process claimed the partition in between, its claim bumped the
+//     epoch, and the fence rolls this process's next transaction back.
+//
+// Any other mismatch means another process holds the lease now.
 func (a *Assigner) renewKey(ctx context.Context, p int, rev uint64) (uint64, error) {
 	key := partitionKey(p)
 	n, err := a.kv.Update(ctx, key, []byte(a.cfg.Owner), rev)
@@ -38,7 +45,20 @@ func (a *Assigner) renewKey(ctx context.Context, p int, rev uint64) (uint64, err
 		return n, err
 	}
 	e, gerr := a.kv.Get(ctx, key)
-	if gerr != nil || string(e.Value()) != a.cfg.Owner || e.Revision() <= rev {
+	switch {
+	case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
+		n, cerr := a.kv.Create(ctx, key, []byte(a.cfg.Owner))
+		if errors.Is(cerr, jetstream.ErrKeyExists) {
+			return 0, err // taken in between
+		}
+		if cerr != nil {
+			return 0, cerr // asked again next round
+		}
+		a.log.Warn("the lease had lapsed in its bucket while it could not be renewed; nobody had taken it, so it is held again", "partition", p)
+		return n, nil
+	case gerr != nil:
+		return 0, gerr // asked again next round
+	case string(e.Value()) != a.cfg.Owner || e.Revision() <= rev:
 		return 0, err
 	}
 	a.log.Info("a renewal that timed out had reached the server: the lease is still this process's", "partition", p)

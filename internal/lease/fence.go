@@ -88,7 +88,7 @@ type untilKey struct{}
 
 // renew records a successful write of the lease sent at t, for the round and for Valid.
 func (h *hold) renew(t time.Time, ttl time.Duration) {
-	h.renewed = t
+	h.renewed, h.lapsed = t, false
 	until := t.Add(ttl)
 	h.until.Store(&until)
 }

@@ -9,7 +9,9 @@
 // releases the extra ones, so the load spreads again when one joins. A lease is only a
 // hint: every claim also bumps the partition's epoch in Postgres (partition_owners), and
 // the parts check that epoch in the transaction of each commit (QueueCheck, Check), so a
-// process paused past its lease rolls back instead of writing.
+// process paused past its lease rolls back instead of writing. That fence also lets a worker
+// go on while its lease cannot be renewed (the bucket electing a leader): it stops only once
+// a renewal finds the lease taken, or a commit finds the epoch moved (docs/operations.md).
 package lease
 
 import (
@@ -70,6 +72,7 @@ type Assigner struct {
 type hold struct {
 	rev     uint64
 	renewed time.Time // sent time of the last successful write of the lease
+	lapsed  bool      // not renewed within the TTL since renewed (said once in the log)
 	// until is renewed+TTL (monotonic), for Valid: the server drops the lease no sooner.
 	until  atomic.Pointer[time.Time]
 	cancel context.CancelFunc
@@ -92,7 +95,7 @@ func New(cfg Config, d Deps) (*Assigner, error) {
 		owned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_lease_partitions", ConstLabels: labels,
 			Help: "Partitions this process owns."}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_lease_lost_total", ConstLabels: labels,
-			Help: "Partitions this process lost without releasing them (lease lapsed, taken, or fenced)."}),
+			Help: "Partitions this process lost without releasing them (lease taken, or fenced)."}),
 		claims: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_lease_claims_total", ConstLabels: labels,
 			Help: "Partitions this process claimed."}),
 		held: map[int]*hold{}, running: map[int]chan struct{}{}, wake: make(chan struct{}, 1),
@@ -141,19 +144,22 @@ func (a *Assigner) Run(ctx context.Context, work Work) error {
 	}
 }
 
-// round is one renewal: reap ended workers, drop lapsed or lost leases, announce this process,
-// then release extra partitions or claim free ones to reach the fair share.
+// round is one renewal: reap ended workers, note lapsed leases, announce this process, renew
+// the leases and drop those another process holds now, then release extra partitions or
+// claim free ones to reach the fair share.
 func (a *Assigner) round(ctx context.Context, work Work) error {
 	start := time.Now()
 	if err := a.reap(); err != nil {
 		return err
 	}
 	for p, h := range a.held {
-		if lapsed(h.renewed, start, a.cfg.TTL) {
-			// Paused or cut off past the TTL: another process may own it by now.
-			a.log.Warn("lease lapsed; partition stopped", "partition", p, "since_renewal", start.Sub(h.renewed))
-			a.drop(p, false)
-			a.lost.Inc()
+		if lapsed(h.renewed, start, a.cfg.TTL) && !h.lapsed {
+			// Paused, cut off, or the bucket electing a leader: the worker goes on, since
+			// every commit it makes is fenced in Postgres, but Valid says no until the lease
+			// is renewed, and a renewal that finds it taken stops the worker.
+			h.lapsed = true
+			a.log.Warn("lease not renewed within its TTL; the partition's writes stay fenced until it is renewed or found taken",
+				"partition", p, "since_renewal", start.Sub(h.renewed))
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Renew)

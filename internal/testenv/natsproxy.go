@@ -22,8 +22,13 @@ type NATSProxy struct {
 
 	mu    sync.Mutex
 	drops []*drop
+	loses map[*lose]bool
 	conns []net.Conn
 	held  bool // messages from the server are lost while held
+}
+
+type lose struct {
+	match func(subject, reply string, body []byte) bool
 }
 
 type drop struct {
@@ -93,6 +98,24 @@ func (p *NATSProxy) Hold(on bool) {
 	p.mu.Unlock()
 }
 
+// Lose loses every message the server sends that match selects (its subject, reply subject and
+// payload, headers included), until the returned function is called: a stream that answers
+// nothing while it elects a leader, say, with everything else passing.
+func (p *NATSProxy) Lose(match func(subject, reply string, body []byte) bool) (stop func()) {
+	l := &lose{match: match}
+	p.mu.Lock()
+	if p.loses == nil {
+		p.loses = map[*lose]bool{}
+	}
+	p.loses[l] = true
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(p.loses, l)
+		p.mu.Unlock()
+	}
+}
+
 // Cut closes every connection through the proxy, as the death of the NATS node would; the
 // parts reconnect through it.
 func (p *NATSProxy) Cut() {
@@ -110,6 +133,11 @@ func (p *NATSProxy) take(subject, reply string, body []byte) bool {
 	defer p.mu.Unlock()
 	if p.held {
 		return true
+	}
+	for l := range p.loses {
+		if l.match(subject, reply, body) {
+			return true
+		}
 	}
 	for i, d := range p.drops {
 		if d.match(subject, reply, body) {
