@@ -43,11 +43,11 @@ type partState struct {
 	// doneSeq is the READINGS sequence of that message.
 	doneSeq atomic.Uint64
 
-	// mu guards cons, written and writtenPeak: the partition's consumer goroutine sets cons
-	// and records deadlines; the declare loop and the sweep read cons, the pruner and settle
-	// delete deadlines.
-	mu   sync.Mutex
-	cons jetstream.Consumer
+	// mu guards reader, written and writtenPeak: the partition's consumer goroutine sets
+	// reader and records deadlines; the declare loop and the sweep ask reader for its
+	// current consumer, the pruner and settle delete deadlines.
+	mu     sync.Mutex
+	reader *logread.Reader
 	// written is, per sensor, the deadline (receive time + lost_after) of the last refresh
 	// this process sent, in unix seconds rounded up. Only for coalescing: an entry missing
 	// costs one key write more, never a missed expiry, so entries are dropped once their
@@ -62,7 +62,10 @@ type partState struct {
 func (ps *partState) consumer() jetstream.Consumer {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	return ps.cons
+	if ps.reader == nil {
+		return nil
+	}
+	return ps.reader.Consumer()
 }
 
 // consume applies one partition of READINGS to the keys, reading it as contiguous runs
@@ -116,7 +119,7 @@ func (w *Watchdog) consumeWith(ctx context.Context, spec logread.Spec, ps *partS
 		return fmt.Errorf("open READINGS consumer: %w", err)
 	}
 	ps.mu.Lock()
-	ps.cons = r.Consumer()
+	ps.reader = r
 	ps.mu.Unlock()
 	for {
 		msgs, err := r.Fetch(ctx, consumerPullBatch, consumerIdleWait)

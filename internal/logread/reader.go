@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -70,7 +71,14 @@ type Reader struct {
 	// (checkLoss) and keeps it when nothing went astray.
 	lost bool
 	idle *jetstream.ConsumerInfo
+	// standIn: cons is an unnamed consumer read in place of the durable, whose own group had
+	// no leader (standIn.go), since the time in standInSince.
+	standIn      bool
+	standInSince time.Time
+	shared       atomic.Pointer[consumerRef] // cons, for other goroutines (Consumer)
 }
+
+type consumerRef struct{ jetstream.Consumer }
 
 // New opens stream (filtered by filter, "" for all) at sequence start (0 or 1: the
 // beginning), with a consumer of its own that acks nothing: the rebuilds' reader.
@@ -131,14 +139,17 @@ func (r *Reader) open(ctx context.Context) error {
 	// Kept before the durable is deleted: should its creation fail, the next try starts
 	// here, not from a consumer (and its ack floor) that is gone.
 	r.next = start
+	standIn := false
 	if r.spec.Durable != "" {
 		// A durable is recreated rather than updated: what it had delivered and not acked
 		// (to a crashed predecessor, or lost in flight) comes at once, not after AckWait.
-		if err := r.js.DeleteConsumer(ctx, r.spec.Stream, r.spec.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("delete consumer %s: %w", r.spec.Durable, err)
+		var err error
+		if standIn, err = r.deleteDurable(ctx); err != nil {
+			return err
 		}
-	} else if r.cons != nil {
-		_ = r.js.DeleteConsumer(ctx, r.spec.Stream, r.cons.CachedInfo().Name)
+	}
+	if r.cons != nil && (r.spec.Durable == "" || r.standIn) {
+		r.dropOwn(r.cons.CachedInfo().Name)
 	}
 	r.cons = nil
 	cfg := jetstream.ConsumerConfig{
@@ -161,6 +172,9 @@ func (r *Reader) open(ctx context.Context) error {
 	if r.spec.Durable != "" {
 		timeout, tries = durableOpenTimeout, 1
 	}
+	if standIn {
+		cfg.Durable, cfg.InactiveThreshold = "", standInInactive
+	}
 	for range tries {
 		actx, cancel := context.WithTimeout(ctx, timeout)
 		var cons jetstream.Consumer
@@ -168,6 +182,11 @@ func (r *Reader) open(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			r.cons, r.cseq, r.next, r.stale, r.lost = cons, 0, start, false, false
+			r.shared.Store(&consumerRef{cons})
+			r.standIn = standIn
+			if standIn {
+				r.standInSince = time.Now()
+			}
 			return nil
 		}
 		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
@@ -227,9 +246,14 @@ func (r *Reader) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	return info, err
 }
 
-// Consumer is the consumer as last (re)created, nil before: its Info asks by name, so it
-// stays usable from other goroutines across recreations.
-func (r *Reader) Consumer() jetstream.Consumer { return r.cons }
+// Consumer is the consumer as last (re)created, nil before; safe to call from other
+// goroutines, which should call it again for each use (a stand-in has another name).
+func (r *Reader) Consumer() jetstream.Consumer {
+	if c := r.shared.Load(); c != nil {
+		return c.Consumer
+	}
+	return nil
+}
 
 // IdleInfo is the consumer's state as the last idle Fetch (nothing came within its wait)
 // found it; nil before.
@@ -244,6 +268,8 @@ func (r *Reader) Reopen() { r.stale = true }
 func (r *Reader) Close(ctx context.Context) {
 	if r.cons != nil && r.spec.Durable == "" {
 		_ = r.js.DeleteConsumer(context.WithoutCancel(ctx), r.spec.Stream, r.cons.CachedInfo().Name)
+	} else if r.cons != nil && r.standIn {
+		r.dropOwn(r.cons.CachedInfo().Name)
 	}
 	r.cons = nil
 }
@@ -272,6 +298,9 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 				r.spec.OnGap(reason)
 			}
 		}
+	}
+	if r.backToDurable() {
+		r.stale = true
 	}
 	if r.cons == nil || r.stale {
 		if err := r.open(ctx); err != nil {

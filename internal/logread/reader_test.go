@@ -292,3 +292,68 @@ func openDurable(t *testing.T, url string) (*Reader, *[]string) {
 	}
 	return r, gaps
 }
+
+// A durable whose own group has no leader (its leader died with a NATS node) answers nothing,
+// not even its deletion: the reader reads on through an unnamed stand-in at once, in order,
+// and goes back to its durable later, when it answers again, leaving no stand-in behind.
+func TestReaderReadsThroughAStandInWhileItsDurableDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	ns := oneReadingsPartition(t)
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	r, gaps := openDurable(t, proxy.URL)
+	var got []uint64
+	read := func(want int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); len(got) < want && time.Now().Before(deadline); {
+			msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range msgs {
+				md, _ := m.Metadata()
+				got = append(got, md.Sequence.Stream)
+				_ = m.Ack()
+			}
+		}
+	}
+	publishReading(t, ns, 0)
+	read(1)
+	unanswered := proxy.Lose(func(_, _ string, body []byte) bool {
+		return bytes.Contains(body, []byte(`"type":"io.nats.jetstream.api.v1.consumer_delete_response"`))
+	})
+	r.Reopen() // as after a break of the run
+	publishReading(t, ns, 1)
+	start := time.Now()
+	read(2)
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Fatalf("reading on took %v while the durable did not answer, want within 2.5 s", took)
+	}
+	if name := r.Consumer().CachedInfo().Name; name == "dur" {
+		t.Fatal("still reading the durable: its deletion was answered?")
+	}
+	if len(*gaps) != 1 || !strings.Contains((*gaps)[0], "stand-in") {
+		t.Fatalf("broken runs reported %q, want one saying a stand-in is read", *gaps)
+	}
+	unanswered()
+	r.standInSince = time.Now().Add(-standInFor) // its time on the stand-in is up
+	publishReading(t, ns, 2)
+	read(3)
+	if name := r.Consumer().CachedInfo().Name; name != "dur" {
+		t.Fatalf("reading %q, want the durable back", name)
+	}
+	if len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
+		t.Fatalf("sequences %v, want [1 2 3]", got)
+	}
+	testenv.Eventually(t, 10*time.Second, "the stand-in to be deleted", func() bool {
+		st, err := ns.JS.Stream(t.Context(), natsx.ReadingsStream)
+		if err != nil {
+			return false
+		}
+		names := st.ConsumerNames(t.Context())
+		var all []string
+		for n := range names.Name() {
+			all = append(all, n)
+		}
+		return names.Err() == nil && len(all) == 1 && all[0] == "dur"
+	})
+}
