@@ -1,7 +1,7 @@
 // Command benchreport turns the output of `go test -bench` into the generated part of
 // BENCHMARKS.md: the machine, the versions, the command, and every figure beside the baseline
-// it is compared with, all from the same run. It rewrites only the text between the
-// `<!-- bench:begin -->` and `<!-- bench:end -->` markers, so the analysis around it stays.
+// it is compared with, all from the same run. It rewrites only the lines between the
+// `<!-- bench:begin -->` and `<!-- bench:end -->` marker lines, so the text around them stays.
 //
 //	go run ./cmd/benchreport -in bench.out -out BENCHMARKS.md -cmd "go tool task bench"
 package main
@@ -79,17 +79,56 @@ func main() {
 	if err != nil && !os.IsNotExist(err) {
 		fatal(err)
 	}
-	doc := string(old)
-	i, j := strings.Index(doc, begin), strings.Index(doc, end)
-	if i < 0 || j < i {
-		doc = "# Benchmarks\n\n" + begin + "\n" + end + "\n" + doc
-		i, j = strings.Index(doc, begin), strings.Index(doc, end)
+	doc, err := splice(string(old), section)
+	if err != nil {
+		fatal(fmt.Errorf("%s: %w", *out, err))
 	}
-	doc = doc[:i+len(begin)] + "\n" + section + doc[j:]
 	if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
 		fatal(err)
 	}
 	fmt.Fprintf(os.Stderr, "benchreport: %d results written to %s\n", len(results), *out)
+}
+
+// splice puts section between the begin and end marker lines of doc and keeps every byte
+// before the begin line and from the end line on. A marker counts only as a line of its own,
+// so prose that names the markers is left alone. An empty doc gets a heading and the markers;
+// a doc that lacks them is refused rather than guessed at.
+func splice(doc, section string) (string, error) {
+	if doc == "" {
+		doc = "# Benchmarks\n\n" + begin + "\n" + end + "\n"
+	}
+	i := markerLine(doc, begin, 0)
+	if i < 0 {
+		return "", fmt.Errorf("no line %s: put it and %s where the generated table goes", begin, end)
+	}
+	i += len(begin)
+	if i < len(doc) {
+		i++ // the begin line's newline
+	}
+	j := markerLine(doc, end, i)
+	if j < 0 {
+		return "", fmt.Errorf("no line %s after %s", end, begin)
+	}
+	if section != "" && !strings.HasSuffix(section, "\n") {
+		section += "\n"
+	}
+	return doc[:i] + section + doc[j:], nil
+}
+
+// markerLine is the offset of the first line of doc, at or after from (a line start), that
+// is exactly marker, or -1.
+func markerLine(doc, marker string, from int) int {
+	for k := from; k < len(doc); {
+		line, _, ok := strings.Cut(doc[k:], "\n")
+		if line == marker {
+			return k
+		}
+		if !ok {
+			return -1
+		}
+		k += len(line) + 1
+	}
+	return -1
 }
 
 func fatal(err error) {
