@@ -52,7 +52,7 @@ type partState struct {
 	// this process sent, in unix seconds rounded up. Only for coalescing: an entry missing
 	// costs one key write more, never a missed expiry, so entries are dropped once their
 	// deadline has passed. Key and value hold no pointer (see sensorKey), so a million
-	// tracked sensors cost about 44 MB (BenchmarkWrittenMap) and nothing for the GC to scan.
+	// tracked sensors cost tens of MB (BenchmarkWrittenMap) and nothing for the GC to scan.
 	written map[sensorKey]uint32
 	// writtenPeak is the most entries since written was last made (see pruneWritten).
 	writtenPeak int
