@@ -72,9 +72,7 @@ func (r *run) killNode(i int, what string) {
 	t := r.t
 	n := r.c.Nodes[i]
 	t.Logf("SIGKILL %s, %s", n.Name, what)
-	streams, meta := r.streamsLed, r.metaLed()
-	streamless, metaless := r.watchSpans(streams), r.watchSpans(meta)
-	leaderless := r.watchSpans(func(ctx context.Context) bool { return streams(ctx) && meta(ctx) })
+	leaderless := r.watchSpans(r.streamsLed, r.metaLed())
 	at := time.Now()
 	if err := n.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -88,7 +86,8 @@ func (r *run) killNode(i int, what string) {
 	}
 	// What the kill cost: the longest stills from the kill until the flow is surely back.
 	backoff.Sleep(t.Context(), 15*time.Second)
-	none, s, m := leaderless(), streamless(), metaless()
+	spans := leaderless()
+	none, s, m := spans[2], spans[0], spans[1]
 	state, hooks := r.stallsWithin(at, time.Now())
 	t.Logf("%s restarted after %s; around the kill committed readings stood still %s and webhooks %s; NATS had no leader for %s (READINGS or EVENTS %s, the JetStream meta group %s)",
 		n.Name, time.Since(at).Round(time.Second), state, hooks, none.Round(100*time.Millisecond), s.Round(100*time.Millisecond), m.Round(100*time.Millisecond))
@@ -150,26 +149,34 @@ func (r *run) metaLed() func(context.Context) bool {
 	}
 }
 
-// watchSpans asks led every 100 ms until the returned function is called, which gives the
-// longest span in which led said false.
-func (r *run) watchSpans(led func(context.Context) bool) func() time.Duration {
+// watchSpans asks each of led every 100 ms until the returned function is called, which
+// gives, for each, the longest span in which it said false, and last the longest span in
+// which any of them did (from the same samples).
+func (r *run) watchSpans(led ...func(context.Context) bool) func() []time.Duration {
 	ctx, stop := context.WithCancel(r.t.Context())
-	done := make(chan time.Duration, 1)
+	done := make(chan []time.Duration, 1)
 	go func() {
-		var worst time.Duration
-		var since time.Time // the start of the current span without a leader
+		worst := make([]time.Duration, len(led)+1)
+		since := make([]time.Time, len(led)+1) // the start of each current span without a leader
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			ok := led(ctx)
-			now := time.Now()
-			if ok {
-				since = time.Time{}
-			} else if since.IsZero() {
-				since = now
+			ok := make([]bool, len(led)+1)
+			ok[len(led)] = true
+			for i, f := range led {
+				ok[i] = f(ctx)
+				ok[len(led)] = ok[len(led)] && ok[i]
 			}
-			if !since.IsZero() {
-				worst = max(worst, now.Sub(since))
+			now := time.Now()
+			for i := range ok {
+				if ok[i] {
+					since[i] = time.Time{}
+				} else if since[i].IsZero() {
+					since[i] = now
+				}
+				if !since[i].IsZero() {
+					worst[i] = max(worst[i], now.Sub(since[i]))
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -179,7 +186,7 @@ func (r *run) watchSpans(led func(context.Context) bool) func() time.Duration {
 			}
 		}
 	}()
-	return func() time.Duration { stop(); return <-done }
+	return func() []time.Duration { stop(); return <-done }
 }
 
 // connectedUsers counts a node's client connections by NATS user, from its /connz.
