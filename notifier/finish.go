@@ -30,10 +30,10 @@ type result struct {
 // alone. A failed attempt of a row that now has a newer revision is superseded instead of
 // retried; an aborted one (this process stopping or giving a queued row back: no failure of
 // the receiver) supersedes only a row that had failed before, so a healthy receiver still
-// gets every revision. The endpoints' health is recorded with them, and a client failing for longer than
-// disableAfter is disabled (recordHealth). It returns the records written and the clients
-// disabled, with their reasons.
-func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration) ([]event.Attempt, map[string]string, error) {
+// gets every revision. The endpoints' health is recorded with them, and a client failing for
+// disableAfter or longer at now is disabled (disableVerdict), in the round trip of the
+// outbox. It returns the records written and the clients disabled, with their reasons.
+func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
 	var (
 		ids, tokens, delays, latencies []int64
 		states, errs, sensors          []string
@@ -90,12 +90,14 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		// The planner's own choices again for the health statements.
 		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
 			set_config('enable_seqscan', 'on', true)`)
-		hq := queueHealth(b, rs, disableAfter)
-		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
+		hs := healthOf(rs)
+		if len(hs) > 0 {
+			queueHealth(b, hs)
+		}
+		fins, since, err := sendFinish(tx.SendBatch(ctx, b), len(hs) > 0)
 		if err != nil {
 			return err
 		}
-		disabled = dis
 		for _, f := range fins {
 			r := resultOf[f.id]
 			if r.aborted {
@@ -105,7 +107,8 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
 				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
 		}
-		return writeOutbox(ctx, tx, recs)
+		disabled, err = writeOutcomes(ctx, tx, recs, toDisable(hs, since, disableAfter, now))
+		return err
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("finish attempts: %w", err)
@@ -120,8 +123,9 @@ type fin struct {
 	attempts int
 }
 
-// sendFinish reads the results of finish's batch: the settings, the lock, the update, the health.
-func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[string]string, err error) {
+// sendFinish reads the results of finish's batch: the settings, the lock, the update, and
+// the health when queued.
+func sendFinish(br pgx.BatchResults, health bool) (fins []fin, since map[string]*time.Time, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
@@ -147,6 +151,40 @@ func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[s
 	if _, err = br.Exec(); err != nil { // nested loops on
 		return nil, nil, err
 	}
-	disabled, err = hq.read(br)
-	return fins, disabled, err
+	if !health {
+		return fins, nil, nil
+	}
+	since, err = readHealth(br)
+	return fins, since, err
+}
+
+// writeOutcomes writes, in one round trip of tx, the attempt records recs in the outbox and
+// the disabling of the clients ds; it returns the clients disabled, with their reasons.
+func writeOutcomes(ctx context.Context, tx pgx.Tx, recs []event.Attempt, ds []disabling) (disabled map[string]string, err error) {
+	b := &pgx.Batch{}
+	if err := queueOutbox(b, recs); err != nil {
+		return nil, err
+	}
+	outbox := b.Len() > 0
+	if len(ds) > 0 {
+		queueDisable(b, ds)
+	}
+	if b.Len() == 0 {
+		return nil, nil
+	}
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	if outbox {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("write attempt outbox: %w", err)
+		}
+	}
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	return readDisabled(br)
 }
