@@ -27,16 +27,15 @@ type result struct {
 
 // finish writes the outcomes of attempts in one transaction, with their attempt records in
 // the outbox. A row whose lease was lost (another process took it over after expiry) is left
-// alone. A failed attempt of a row that now has a newer revision is superseded instead of
-// retried; an aborted one (this process stopping or giving a queued row back: no failure of
-// the receiver) supersedes only a row that had failed before, so a healthy receiver still
-// gets every revision. The endpoints' health is recorded with them, and a client failing for
-// disableAfter or longer at now is disabled (disableVerdict), in the round trip of the
-// outbox. It returns the records written and the clients disabled, with their reasons.
+// alone. The row's state is finishState's, planned per attempt (planFinish) and completed
+// by the UPDATE with the row's flag and newer revisions. The endpoints' health is recorded
+// with them, and a client failing for disableAfter or longer at now is disabled
+// (disableVerdict), in the round trip of the outbox. It returns the records written and the clients disabled, with their reasons.
 func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
 	var (
 		ids, tokens, delays, latencies []int64
 		states, errs, sensors          []string
+		ifFlagged, ifNewer, otherwise  []string
 		statuses                       []int32
 		counted                        []bool
 	)
@@ -50,6 +49,8 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
 		counted = append(counted, !r.aborted)
 		latencies = append(latencies, r.latency.Milliseconds())
+		p := planFinish(r.c.attempts > 0, !r.aborted, r.state)
+		ifFlagged, ifNewer, otherwise = append(ifFlagged, p.ifFlagged), append(ifNewer, p.ifNewer), append(otherwise, p.otherwise)
 	}
 	var recs []event.Attempt
 	var disabled map[string]string
@@ -72,10 +73,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, ids, sensors)
 		b.Queue(`
 			UPDATE notifier_deliveries d SET
-				state = CASE WHEN d.supersede_on_finish AND (r.counted AND r.state = 'pending' OR NOT r.counted AND d.attempts > 0) THEN 'superseded'
-				             WHEN NOT r.counted THEN d.state
-				             WHEN r.state = 'pending' AND `+newerExists+` THEN 'superseded'
-				             ELSE r.state END,
+				state = `+finishStateSQL+`,
 				attempts = d.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,
 				next_at = CASE WHEN r.counted AND r.state = 'pending' THEN now() + r.delay * interval '1 microsecond' ELSE d.next_at END,
 				last_status = CASE WHEN r.counted THEN nullif(r.status, 0) ELSE d.last_status END,
@@ -83,10 +81,12 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 				failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
 				last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
 				lease_until = NULL, lease_token = NULL, updated_at = now()
-			FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[])
-			     AS r(id, token, state, delay, status, err, counted, latency)
+			FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[],
+			            $10::text[], $11::text[], $12::text[])
+			     AS r(id, token, state, delay, status, err, counted, latency, if_flagged, if_newer, otherwise)
 			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
-			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies)
+			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies,
+			ifFlagged, ifNewer, otherwise)
 		// The planner's own choices again for the health statements.
 		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
 			set_config('enable_seqscan', 'on', true)`)
