@@ -30,27 +30,16 @@ type result struct {
 // alone. The row's state is finishState's, planned per attempt (planFinish) and completed
 // by the UPDATE with the row's flag and newer revisions. The endpoints' health is recorded
 // with them, and a client failing for disableAfter or longer at now is disabled
-// (disableVerdict), in the round trip of the outbox. It returns the records written and the clients disabled, with their reasons.
+// (disableVerdict), in the round trip of the outbox. It returns the records written and
+// the clients disabled, with their reasons.
 func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
-	var (
-		ids, tokens, delays, latencies []int64
-		states, errs, sensors          []string
-		ifFlagged, ifNewer, otherwise  []string
-		statuses                       []int32
-		counted                        []bool
-	)
 	// Rows in id order, so that two finishing batches lock them in the same order.
 	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
 	resultOf := map[int64]result{}
+	var a outcomeArgs
 	for _, r := range rs {
 		resultOf[r.c.id] = r
-		ids, tokens, sensors = append(ids, r.c.id), append(tokens, r.c.token), append(sensors, r.c.sensorID)
-		states, delays = append(states, r.state), append(delays, r.delay.Microseconds())
-		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
-		counted = append(counted, !r.aborted)
-		latencies = append(latencies, r.latency.Milliseconds())
-		p := planFinish(r.c.attempts > 0, !r.aborted, r.state)
-		ifFlagged, ifNewer, otherwise = append(ifFlagged, p.ifFlagged), append(ifNewer, p.ifNewer), append(otherwise, p.otherwise)
+		a.add(r)
 	}
 	var recs []event.Attempt
 	var disabled map[string]string
@@ -70,7 +59,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),
 			set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
 		b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
-			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, ids, sensors)
+			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, a.ids, a.sensors)
 		b.Queue(`
 			UPDATE notifier_deliveries d SET
 				state = `+finishStateSQL+`,
@@ -85,8 +74,8 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 			            $10::text[], $11::text[], $12::text[])
 			     AS r(id, token, state, delay, status, err, counted, latency, if_flagged, if_newer, otherwise)
 			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
-			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies,
-			ifFlagged, ifNewer, otherwise)
+			RETURNING d.id, d.state, d.attempts`, a.ids, a.sensors, a.tokens, a.states, a.delays, a.statuses, a.errs, a.counted,
+			a.latencies, a.ifFlagged, a.ifNewer, a.otherwise)
 		// The planner's own choices again for the health statements.
 		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
 			set_config('enable_seqscan', 'on', true)`)
@@ -114,6 +103,25 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 		return nil, nil, fmt.Errorf("finish attempts: %w", err)
 	}
 	return recs, disabled, nil
+}
+
+// outcomeArgs are finish's results as the arrays of its UPDATE, one element per result.
+type outcomeArgs struct {
+	ids, tokens, delays, latencies []int64
+	states, errs, sensors          []string
+	ifFlagged, ifNewer, otherwise  []string // the result's finishPlan
+	statuses                       []int32
+	counted                        []bool
+}
+
+func (a *outcomeArgs) add(r result) {
+	a.ids, a.tokens, a.sensors = append(a.ids, r.c.id), append(a.tokens, r.c.token), append(a.sensors, r.c.sensorID)
+	a.states, a.delays = append(a.states, r.state), append(a.delays, r.delay.Microseconds())
+	a.statuses, a.errs = append(a.statuses, int32(r.status)), append(a.errs, r.errText)
+	a.counted = append(a.counted, !r.aborted)
+	a.latencies = append(a.latencies, r.latency.Milliseconds())
+	p := planFinish(r.c.attempts > 0, !r.aborted, r.state)
+	a.ifFlagged, a.ifNewer, a.otherwise = append(a.ifFlagged, p.ifFlagged), append(a.ifNewer, p.ifNewer), append(a.otherwise, p.otherwise)
 }
 
 // fin is a row's state and attempts after finish's update.
