@@ -16,11 +16,11 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/netguard"
 	"github.com/lock-sensors/lock-sensors/internal/part"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
 // Projections lists the projections with their checkpoints and lag per partition, as the
-// admin API's ListProjections shows them; *rebuild.Runner is one.
+// admin API's ListProjections shows them; the rebuild runner (projector/rebuild) is one.
 type Projections interface {
 	List(ctx context.Context) ([]rebuild.Info, error)
 }

@@ -13,9 +13,10 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/procs"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/setaside"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	rebuildrunner "github.com/lock-sensors/lock-sensors/projector/rebuild"
 	"github.com/lock-sensors/lock-sensors/projector/state"
 )
 
@@ -130,9 +131,9 @@ func kindCases() []kindCase {
 func TestEachKindFiresAndResolvesOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	rb, err := rebuild.New(rebuild.Config{PartitionCount: 4}, rebuild.Deps{JS: e.nats.JS, Logger: testenv.Logger(t),
-		Projections: []rebuild.Projection{state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: 4},
-			Deps: state.RebuildDeps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t)}}}})
+	rb, err := rebuildrunner.New(rebuildrunner.Config{PartitionCount: 4}, rebuildrunner.Deps{JS: e.nats.JS, Logger: testenv.Logger(t),
+		Projections: []rebuild.Projection{state.NewProjection(state.RebuildConfig{PartitionCount: 4},
+			state.RebuildDeps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(t)})}})
 	if err != nil {
 		t.Fatal(err)
 	}

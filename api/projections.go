@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -24,7 +24,7 @@ const rebuildRunningType = "REBUILD_RUNNING"
 
 // Projections is what the projection calls need of a rebuild controller: list the
 // projections with their checkpoints, lag and rebuilds, and start a rebuild (in this
-// process); *rebuild.Runner is one. Start fails with rebuild.ErrRunning while a rebuild of the
+// process); the rebuild runner (projector/rebuild) is one. Start fails with rebuild.ErrRunning while a rebuild of the
 // projection runs, and with rebuild.ErrNoReadingAfter when FromTime is past the log.
 type Projections interface {
 	List(ctx context.Context) ([]rebuild.Info, error)

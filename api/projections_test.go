@@ -17,9 +17,10 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/lock-sensors/lock-sensors/projector/history"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	rebuildrunner "github.com/lock-sensors/lock-sensors/projector/rebuild"
 	"github.com/lock-sensors/lock-sensors/projector/state"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -44,10 +45,10 @@ func newProjEnv(t *testing.T) *projEnv {
 	}
 	p.env = newEnv(t, func(_ *Config, d *Deps) {
 		log := testenv.Logger(t)
-		r, err := rebuild.New(rebuild.Config{PartitionCount: projParts}, rebuild.Deps{JS: p.nats.JS, Logger: log, Projections: []rebuild.Projection{
-			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: projParts, ProgressEvery: 100 * time.Millisecond, BatchSize: 500},
-				Deps: state.RebuildDeps{JS: p.nats.JS, PG: d.PG.(*pgxpool.Pool), Logger: log}},
-			history.Projection{Rebuilds: history.RebuildConfig{PartitionCount: projParts}, Deps: history.RebuildDeps{JS: p.nats.JS, CH: p.ch, Logger: log}},
+		r, err := rebuildrunner.New(rebuildrunner.Config{PartitionCount: projParts}, rebuildrunner.Deps{JS: p.nats.JS, Logger: log, Projections: []rebuild.Projection{
+			state.NewProjection(state.RebuildConfig{PartitionCount: projParts, ProgressEvery: 100 * time.Millisecond, BatchSize: 500},
+				state.RebuildDeps{JS: p.nats.JS, PG: d.PG.(*pgxpool.Pool), Logger: log}),
+			history.NewProjection(history.RebuildConfig{PartitionCount: projParts}, history.RebuildDeps{JS: p.nats.JS, CH: p.ch, Logger: log}),
 		}})
 		if err != nil {
 			t.Fatal(err)

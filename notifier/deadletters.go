@@ -78,7 +78,7 @@ func (dl *DeadLetters) Redrive(ctx context.Context, clientID string, from, to ti
 				FOR UPDATE
 			), u AS (
 				UPDATE notifier_deliveries d SET
-					state = CASE WHEN `+newerExists+` THEN 'superseded' ELSE 'pending' END,
+					state = `+enqueueStateSQL(newerExists)+`,
 					attempt_base = d.attempts, next_at = now(), updated_at = now()
 				FROM dead WHERE d.id = dead.id
 				RETURNING d.state

@@ -57,23 +57,45 @@ func healthOf(rs []result) []health {
 	return out
 }
 
-// healthStmts says which statements queueHealth queued, for read.
-type healthStmts struct{ health, disable bool }
-
-// queueHealth queues on b, for the finish transaction, the statements that record since
-// when each endpoint of rs has failed without a 2xx, and disable those failing for longer
-// than after (never when after is zero).
-func queueHealth(b *pgx.Batch, rs []result, after time.Duration) healthStmts {
-	hs := healthOf(rs)
-	if len(hs) == 0 {
-		return healthStmts{}
+// disableVerdict is the auto-disable decision for one client at now: its endpoint has failed
+// every attempt since failingSince (nil: its latest attempt succeeded), lastErr being the
+// latest failure, and after is LOCKS_ENDPOINT_DISABLE_AFTER (zero: never disable). A client
+// failing for after or longer is disabled, with the reason returned.
+func disableVerdict(failingSince *time.Time, lastErr string, after time.Duration, now time.Time) (reason string, disable bool) {
+	if after <= 0 || failingSince == nil || now.Before(failingSince.Add(after)) {
+		return "", false
 	}
+	if lastErr == "" {
+		lastErr = "no 2xx answer"
+	}
+	return fmt.Sprintf("every attempt failed since %s, for longer than %s (LOCKS_ENDPOINT_DISABLE_AFTER); last: %s",
+		failingSince.UTC().Format("2006-01-02T15:04:05Z"), after, lastErr), true
+}
+
+// disabling is a client disableVerdict disables, with the reason recorded.
+type disabling struct{ client, reason string }
+
+// toDisable applies disableVerdict to each client of hs, with since its failing_since as
+// recorded (queueHealth's RETURNING, the batch merged in).
+func toDisable(hs []health, since map[string]*time.Time, after time.Duration, now time.Time) []disabling {
+	var ds []disabling
+	for _, h := range hs {
+		if why, ok := disableVerdict(since[h.client], h.lastErr, after, now); ok {
+			ds = append(ds, disabling{h.client, why})
+		}
+	}
+	return ds
+}
+
+// queueHealth queues on b, for the finish transaction, the statement that records since
+// when each endpoint of hs has failed without a 2xx, and returns that time per client (the
+// upsert keeps the row locked to the commit, so the decision on it holds). readHealth reads it.
+func queueHealth(b *pgx.Batch, hs []health) {
 	clients := make([]string, len(hs))
 	fails := make([]*time.Time, len(hs))
 	oks := make([]*time.Time, len(hs))
-	lastErrs := make([]string, len(hs))
 	for i, h := range hs {
-		clients[i], fails[i], oks[i], lastErrs[i] = h.client, h.failSince, h.lastOK, h.lastErr
+		clients[i], fails[i], oks[i] = h.client, h.failSince, h.lastOK
 	}
 	// A success in the batch restarts the count from the batch's failures after it; without
 	// one, the count goes on from the earlier failing_since.
@@ -83,47 +105,56 @@ func queueHealth(b *pgx.Batch, rs []result, after time.Duration) healthStmts {
 		ON CONFLICT (client_id) DO UPDATE SET
 			failing_since = CASE WHEN excluded.last_success_at IS NOT NULL THEN excluded.failing_since
 			                     ELSE coalesce(h.failing_since, excluded.failing_since) END,
-			last_success_at = greatest(h.last_success_at, excluded.last_success_at)`, clients, fails, oks)
-	if after <= 0 {
-		return healthStmts{health: true}
-	}
-	b.Queue(`
-		UPDATE clients c SET disabled_at = now(), version = c.version + 1, updated_at = now(),
-			disabled_reason = format('every attempt failed since %s, for longer than %s (LOCKS_ENDPOINT_DISABLE_AFTER); last: %s',
-				to_char(h.failing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), $3::text, coalesce(nullif(r.err, ''), 'no 2xx answer'))
-		FROM notifier_endpoint_health h, unnest($1::text[], $4::text[]) AS r(client_id, err)
-		WHERE h.client_id = c.id AND r.client_id = c.id AND c.disabled_at IS NULL
-		  AND h.failing_since <= now() - $2 * interval '1 microsecond'
-		RETURNING c.id, c.disabled_reason`, clients, after.Microseconds(), after.String(), lastErrs)
-	return healthStmts{health: true, disable: true}
+			last_success_at = greatest(h.last_success_at, excluded.last_success_at)
+		RETURNING h.client_id, h.failing_since`, clients, fails, oks)
 }
 
-// read takes the queued statements' results from br: the clients disabled, with their reasons.
-func (q healthStmts) read(br pgx.BatchResults) (map[string]string, error) {
-	if !q.health {
-		return nil, nil
-	}
-	if _, err := br.Exec(); err != nil {
+// readHealth reads queueHealth's result: each client's failing_since.
+func readHealth(br pgx.BatchResults) (map[string]*time.Time, error) {
+	rows, err := br.Query()
+	if err != nil {
 		return nil, fmt.Errorf("record endpoint health: %w", err)
 	}
-	if !q.disable {
-		return nil, nil
+	since := map[string]*time.Time{}
+	var id string
+	var at *time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
+		since[id] = at
+		at = nil // a fresh time for the next row, not this one's overwritten
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("record endpoint health: %w", err)
 	}
+	return since, nil
+}
+
+// queueDisable queues on b the UPDATE that disables the clients of ds, each unless an
+// operator disabled it meanwhile; readDisabled reads it.
+func queueDisable(b *pgx.Batch, ds []disabling) {
+	clients := make([]string, len(ds))
+	reasons := make([]string, len(ds))
+	for i, d := range ds {
+		clients[i], reasons[i] = d.client, d.reason
+	}
+	b.Queue(`
+		UPDATE clients c SET disabled_at = now(), version = c.version + 1, updated_at = now(), disabled_reason = r.reason
+		FROM unnest($1::text[], $2::text[]) AS r(client_id, reason)
+		WHERE r.client_id = c.id AND c.disabled_at IS NULL
+		RETURNING c.id, c.disabled_reason`, clients, reasons)
+}
+
+// readDisabled reads queueDisable's result: the clients disabled, with their reasons.
+func readDisabled(br pgx.BatchResults) (map[string]string, error) {
 	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("disable failing endpoints: %w", err)
 	}
 	disabled := map[string]string{}
-	for rows.Next() {
-		var id, why string
-		if err := rows.Scan(&id, &why); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("disable failing endpoints: %w", err)
-		}
+	var id, why string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &why}, func() error {
 		disabled[id] = why
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("disable failing endpoints: %w", err)
 	}
 	return disabled, nil

@@ -43,3 +43,80 @@ func TestHealthOf(t *testing.T) {
 		t.Errorf("clients not in lock order: %+v", hs)
 	}
 }
+
+// TestDisableVerdict is the auto-disable decision: a client whose endpoint failed every
+// attempt for LOCKS_ENDPOINT_DISABLE_AFTER or longer is disabled, with the reason recorded.
+func TestDisableVerdict(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 5, 1, 12, 0, 0, 0, time.UTC)
+	ago := func(d time.Duration) *time.Time { at := now.Add(-d); return &at }
+	for _, tc := range []struct {
+		name         string
+		failingSince *time.Time
+		lastErr      string
+		after        time.Duration
+		disable      bool
+		reason       string
+	}{
+		{"never when disabling is off", ago(1000 * time.Hour), "HTTP 502", 0, false, ""},
+		{"not failing", nil, "", time.Hour, false, ""},
+		{"failing for less", ago(time.Hour - time.Nanosecond), "HTTP 502", time.Hour, false, ""},
+		{"failing for exactly after", ago(time.Hour), "HTTP 502", time.Hour, true,
+			"every attempt failed since 2030-05-01T11:00:00Z, for longer than 1h0m0s (LOCKS_ENDPOINT_DISABLE_AFTER); last: HTTP 502"},
+		{"failing for longer, no error text", ago(25*time.Hour + 1500*time.Millisecond), "", 24 * time.Hour, true,
+			"every attempt failed since 2030-04-30T10:59:58Z, for longer than 24h0m0s (LOCKS_ENDPOINT_DISABLE_AFTER); last: no 2xx answer"},
+		{"failing since the future (clock skew)", ago(-time.Minute), "HTTP 502", time.Nanosecond, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			reason, disable := disableVerdict(tc.failingSince, tc.lastErr, tc.after, now)
+			if disable != tc.disable || reason != tc.reason {
+				t.Fatalf("disableVerdict = (%q, %v), want (%q, %v)", reason, disable, tc.reason, tc.disable)
+			}
+		})
+	}
+}
+
+// TestFinishDisablesAtNow is disableVerdict's wiring: finish records each endpoint's
+// failing_since (carried over from earlier batches, restarted by a success) and disables,
+// at the time it is given, the clients failing for DisableAfter, except those an operator
+// disabled meanwhile, without waiting for the time to pass.
+func TestFinishDisablesAtNow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, c := range []string{"c1", "c2", "c3"} {
+		e.client(c, "http://127.0.0.1:1/")
+	}
+	e.exec(`UPDATE clients SET disabled_at = now(), disabled_reason = 'operator' WHERE id = 'c2'`)
+	t0 := time.Date(2030, 5, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	// Results of rows no longer leased: finish writes no outcome for them, only the health.
+	r := func(client string, when time.Time, state string) result {
+		return result{c: claimed{id: -1, clientID: client, sensorID: "s1"}, at: when, state: state, status: 502, errText: "HTTP 502"}
+	}
+	fin := func(now time.Time, rs ...result) map[string]string {
+		t.Helper()
+		_, disabled, err := finish(t.Context(), e.pool, rs, time.Hour, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return disabled
+	}
+	if d := fin(at(59*time.Minute), r("c1", t0, StatePending), r("c2", t0, StatePending), r("c3", t0, StatePending)); len(d) != 0 {
+		t.Fatalf("disabled %v before an hour of failures", d)
+	}
+	ok := r("c3", at(time.Minute), StateDelivered)
+	d := fin(at(time.Hour), r("c1", at(time.Hour), StateDead), r("c2", at(time.Hour), StatePending), ok, r("c3", at(2*time.Minute), StatePending))
+	want := "every attempt failed since 2030-05-01T12:00:00Z, for longer than 1h0m0s (LOCKS_ENDPOINT_DISABLE_AFTER); last: HTTP 502"
+	if len(d) != 1 || d["c1"] != want {
+		t.Fatalf("disabled %v, want only c1: %s", d, want)
+	}
+	for client, reason := range map[string]string{"c1": want, "c2": "operator"} {
+		if at, got := e.disabled(client); at == nil || got == nil || *got != reason {
+			t.Errorf("%s: disabled at %v for %v, want %q", client, at, got, reason)
+		}
+	}
+	if at, _ := e.disabled("c3"); at != nil {
+		t.Errorf("c3 disabled, but a success restarted its count")
+	}
+}

@@ -6,7 +6,8 @@
 // their attempt records in an outbox that a relay publishes to DELIVERIES. Per (client,
 // sensor) rows go in revision order and a newer event supersedes an older one waiting for a
 // retry; a per-endpoint limit and circuit breaker keep one bad receiver from delaying others.
-// The retry (Policy) and breaker (breakerPolicy) decisions are pure functions of the time.
+// The retry (Policy), breaker (breakerPolicy), supersede (supersede.go) and auto-disable
+// (disableVerdict) decisions are pure functions of (state, facts, now).
 //
 // docs/notifier.md describes the flow, why a Postgres timer table, and the guarantees.
 package notifier

@@ -27,29 +27,19 @@ type result struct {
 
 // finish writes the outcomes of attempts in one transaction, with their attempt records in
 // the outbox. A row whose lease was lost (another process took it over after expiry) is left
-// alone. A failed attempt of a row that now has a newer revision is superseded instead of
-// retried; an aborted one (this process stopping or giving a queued row back: no failure of
-// the receiver) supersedes only a row that had failed before, so a healthy receiver still
-// gets every revision. The endpoints' health is recorded with them, and a client failing for longer than
-// disableAfter is disabled (recordHealth). It returns the records written and the clients
-// disabled, with their reasons.
-func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration) ([]event.Attempt, map[string]string, error) {
-	var (
-		ids, tokens, delays, latencies []int64
-		states, errs, sensors          []string
-		statuses                       []int32
-		counted                        []bool
-	)
+// alone. The row's state is finishState's, planned per attempt (planFinish) and completed
+// by the UPDATE with the row's flag and newer revisions. The endpoints' health is recorded
+// with them, and a client failing for disableAfter or longer at now is disabled
+// (disableVerdict), in the round trip of the outbox. It returns the records written and
+// the clients disabled, with their reasons.
+func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
 	// Rows in id order, so that two finishing batches lock them in the same order.
 	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
 	resultOf := map[int64]result{}
+	var a outcomeArgs
 	for _, r := range rs {
 		resultOf[r.c.id] = r
-		ids, tokens, sensors = append(ids, r.c.id), append(tokens, r.c.token), append(sensors, r.c.sensorID)
-		states, delays = append(states, r.state), append(delays, r.delay.Microseconds())
-		statuses, errs = append(statuses, int32(r.status)), append(errs, r.errText)
-		counted = append(counted, !r.aborted)
-		latencies = append(latencies, r.latency.Milliseconds())
+		a.add(r)
 	}
 	var recs []event.Attempt
 	var disabled map[string]string
@@ -69,13 +59,10 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),
 			set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
 		b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
-			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, ids, sensors)
+			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, a.ids, a.sensors)
 		b.Queue(`
 			UPDATE notifier_deliveries d SET
-				state = CASE WHEN d.supersede_on_finish AND (r.counted AND r.state = 'pending' OR NOT r.counted AND d.attempts > 0) THEN 'superseded'
-				             WHEN NOT r.counted THEN d.state
-				             WHEN r.state = 'pending' AND `+newerExists+` THEN 'superseded'
-				             ELSE r.state END,
+				state = `+finishStateSQL+`,
 				attempts = d.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,
 				next_at = CASE WHEN r.counted AND r.state = 'pending' THEN now() + r.delay * interval '1 microsecond' ELSE d.next_at END,
 				last_status = CASE WHEN r.counted THEN nullif(r.status, 0) ELSE d.last_status END,
@@ -83,19 +70,23 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
 				last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
 				lease_until = NULL, lease_token = NULL, updated_at = now()
-			FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[])
-			     AS r(id, token, state, delay, status, err, counted, latency)
+			FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[],
+			            $10::text[], $11::text[], $12::text[])
+			     AS r(id, token, state, delay, status, err, counted, latency, if_flagged, if_newer, otherwise)
 			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
-			RETURNING d.id, d.state, d.attempts`, ids, sensors, tokens, states, delays, statuses, errs, counted, latencies)
+			RETURNING d.id, d.state, d.attempts`, a.ids, a.sensors, a.tokens, a.states, a.delays, a.statuses, a.errs, a.counted,
+			a.latencies, a.ifFlagged, a.ifNewer, a.otherwise)
 		// The planner's own choices again for the health statements.
 		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
 			set_config('enable_seqscan', 'on', true)`)
-		hq := queueHealth(b, rs, disableAfter)
-		fins, dis, err := sendFinish(tx.SendBatch(ctx, b), hq)
+		hs := healthOf(rs)
+		if len(hs) > 0 {
+			queueHealth(b, hs)
+		}
+		fins, since, err := sendFinish(tx.SendBatch(ctx, b), len(hs) > 0)
 		if err != nil {
 			return err
 		}
-		disabled = dis
 		for _, f := range fins {
 			r := resultOf[f.id]
 			if r.aborted {
@@ -105,12 +96,32 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration)
 				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
 				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
 		}
-		return writeOutbox(ctx, tx, recs)
+		disabled, err = writeOutcomes(ctx, tx, recs, toDisable(hs, since, disableAfter, now))
+		return err
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("finish attempts: %w", err)
 	}
 	return recs, disabled, nil
+}
+
+// outcomeArgs are finish's results as the arrays of its UPDATE, one element per result.
+type outcomeArgs struct {
+	ids, tokens, delays, latencies []int64
+	states, errs, sensors          []string
+	ifFlagged, ifNewer, otherwise  []string // the result's finishPlan
+	statuses                       []int32
+	counted                        []bool
+}
+
+func (a *outcomeArgs) add(r result) {
+	a.ids, a.tokens, a.sensors = append(a.ids, r.c.id), append(a.tokens, r.c.token), append(a.sensors, r.c.sensorID)
+	a.states, a.delays = append(a.states, r.state), append(a.delays, r.delay.Microseconds())
+	a.statuses, a.errs = append(a.statuses, int32(r.status)), append(a.errs, r.errText)
+	a.counted = append(a.counted, !r.aborted)
+	a.latencies = append(a.latencies, r.latency.Milliseconds())
+	p := planFinish(r.c.attempts > 0, !r.aborted, r.state)
+	a.ifFlagged, a.ifNewer, a.otherwise = append(a.ifFlagged, p.ifFlagged), append(a.ifNewer, p.ifNewer), append(a.otherwise, p.otherwise)
 }
 
 // fin is a row's state and attempts after finish's update.
@@ -120,8 +131,9 @@ type fin struct {
 	attempts int
 }
 
-// sendFinish reads the results of finish's batch: the settings, the lock, the update, the health.
-func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[string]string, err error) {
+// sendFinish reads the results of finish's batch: the settings, the lock, the update, and
+// the health when queued.
+func sendFinish(br pgx.BatchResults, health bool) (fins []fin, since map[string]*time.Time, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
@@ -147,6 +159,40 @@ func sendFinish(br pgx.BatchResults, hq healthStmts) (fins []fin, disabled map[s
 	if _, err = br.Exec(); err != nil { // nested loops on
 		return nil, nil, err
 	}
-	disabled, err = hq.read(br)
-	return fins, disabled, err
+	if !health {
+		return fins, nil, nil
+	}
+	since, err = readHealth(br)
+	return fins, since, err
+}
+
+// writeOutcomes writes, in one round trip of tx, the attempt records recs in the outbox and
+// the disabling of the clients ds; it returns the clients disabled, with their reasons.
+func writeOutcomes(ctx context.Context, tx pgx.Tx, recs []event.Attempt, ds []disabling) (disabled map[string]string, err error) {
+	b := &pgx.Batch{}
+	if err := queueOutbox(b, recs); err != nil {
+		return nil, err
+	}
+	outbox := b.Len() > 0
+	if len(ds) > 0 {
+		queueDisable(b, ds)
+	}
+	if b.Len() == 0 {
+		return nil, nil
+	}
+	br := tx.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	if outbox {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("write attempt outbox: %w", err)
+		}
+	}
+	if len(ds) == 0 {
+		return nil, nil
+	}
+	return readDisabled(br)
 }

@@ -54,7 +54,7 @@ func (n *Notifier) finishBatch(batch []result) {
 	retry := backoff.New(100*time.Millisecond, 2*time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		recs, disabled, err := finish(ctx, n.db, batch, n.cfg.DisableAfter)
+		recs, disabled, err := finish(ctx, n.db, batch, n.cfg.DisableAfter, n.clock.Now())
 		cancel()
 		if err == nil {
 			crashpoint.Hit(CrashAfterFinishCommit)

@@ -114,9 +114,7 @@ type inserted struct {
 const insertTemplate = `
 		INSERT INTO notifier_deliveries AS d (event_id, client_id, sensor_id, revision, payload, state%[1]s)
 		SELECT e.event_id, s.client_id, e.sensor_id, e.revision, e.payload,
-		       CASE WHEN EXISTS (SELECT 1 FROM notifier_deliveries o
-		            WHERE o.client_id = s.client_id AND o.sensor_id = e.sensor_id AND o.revision > e.revision)
-		            THEN 'superseded' ELSE 'pending' END%[2]s
+		       %[5]s%[2]s
 		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::text[]%[3]s) AS e(event_id, sensor_id, revision, payload, type%[4]s)
 		-- The sensor's subscriptions by index, event by event: joined as a set, the whole
 		-- subscriptions table was read for each batch.
@@ -129,8 +127,11 @@ const insertTemplate = `
 		RETURNING d.id, d.event_id, d.client_id, d.sensor_id, d.state`
 
 var (
-	insertSQL       = fmt.Sprintf(insertTemplate, "", "", "", "")
-	insertTracedSQL = fmt.Sprintf(insertTemplate, ", traceparent", ",\n\t\t       nullif(e.tp, '')", ", $6::text[]", ", tp")
+	// insertState is the new row's enqueueState.
+	insertState = enqueueStateSQL(`EXISTS (SELECT 1 FROM notifier_deliveries o
+		            WHERE o.client_id = s.client_id AND o.sensor_id = e.sensor_id AND o.revision > e.revision)`)
+	insertSQL       = fmt.Sprintf(insertTemplate, "", "", "", "", insertState)
+	insertTracedSQL = fmt.Sprintf(insertTemplate, ", traceparent", ",\n\t\t       nullif(e.tp, '')", ", $6::text[]", ", tp", insertState)
 )
 
 // queueInsert queues the INSERT of insertDeliveries.
@@ -188,16 +189,20 @@ func readInsert(br pgx.BatchResults, f fence) (ins inserted, recs []event.Attemp
 	return ins, recs, nil
 }
 
-// supersede marks as superseded the pending rows of the given (client, sensor) keys, or of
-// every key when clients is nil, that have a newer revision and already failed at least once
-// (they wait for a retry). A row whose attempt is in flight is flagged instead and superseded
-// when that attempt ends, unless it was delivered: flag and outcome are both UPDATEs of the
-// row, so they serialise on its lock and whichever commits second sees the other.
-func supersede(ctx context.Context, tx querier, clients, sensors []string) ([]event.Attempt, error) {
-	cond := `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
+// sweepCandidate selects, in SQL, the rows sweep may act on: pending, with a newer
+// revision, attempted or in flight, and not flagged while in flight. The locked rows'
+// facts then go to sweep itself (TestSupersedeSweepWiring holds the two together).
+const sweepCandidate = `d.state = 'pending' AND (d.attempts > 0 OR d.lease_until >= now())
 		  AND (NOT d.supersede_on_finish OR d.lease_until IS NULL OR d.lease_until < now())
 		  AND ` + newerExists
-	q := `SELECT d.id, d.sensor_id FROM notifier_deliveries d WHERE ` + cond
+
+// supersede applies sweep to the pending rows with a newer revision of the given (client,
+// sensor) keys, or of every key when clients is nil: it supersedes those that already
+// failed at least once (they wait for a retry) and flags those in flight, to be decided when
+// their attempt ends (finishState). Flag and outcome are both UPDATEs of the row, so they
+// serialise on its lock and whichever commits second sees the other.
+func supersede(ctx context.Context, tx querier, clients, sensors []string) ([]event.Attempt, error) {
+	q := `SELECT d.id, d.sensor_id FROM notifier_deliveries d WHERE ` + sweepCandidate
 	var args []any
 	if clients != nil {
 		// Key by key, each an index probe of its sensor's partition (the LATERAL subquery
@@ -205,40 +210,30 @@ func supersede(ctx context.Context, tx querier, clients, sensors []string) ([]ev
 		// were few, every pending row was read and tested for each ingested batch.
 		q = `SELECT x.id, x.sensor_id FROM (SELECT DISTINCT * FROM unnest($1::text[], $2::text[])) AS k(client_id, sensor_id),
 			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
-			         WHERE d.client_id = k.client_id AND d.sensor_id = k.sensor_id AND ` + cond + ` OFFSET 0) x`
+			         WHERE d.client_id = k.client_id AND d.sensor_id = k.sensor_id AND ` + sweepCandidate + ` OFFSET 0) x`
 		args = []any{clients, sensors}
 	}
 	ids, keys, err := collectIDs(ctx, tx, q, args...)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}
-	// The rows are locked in id order, as finish locks its rows: updated in whatever order
-	// the scan met them, a supersede and a finish sharing two rows deadlocked under load.
-	// FOR UPDATE re-checks cond on the newest version of each row it locks, and the rows stay
-	// locked, so the UPDATE need not check it again. The UPDATE is a statement of its own,
-	// after the locks: its snapshot then sees the versions locked, which byTID needs (a TID
-	// scan skips a row updated after its snapshot instead of following it).
-	ids, keys, err = collectIDs(ctx, tx, `SELECT x.id, x.sensor_id FROM `+byID+`,
-			LATERAL (SELECT d.id, d.sensor_id FROM notifier_deliveries d
-			         WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND `+cond+` FOR UPDATE) x`, ids, keys)
+	ids, keys, now, err := lockSweep(ctx, tx, ids, keys)
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}
-	q = `UPDATE notifier_deliveries d SET
-			state = CASE WHEN d.lease_until IS NULL OR d.lease_until < now() THEN 'superseded' ELSE d.state END,
+	rows, err := tx.Query(ctx, `UPDATE notifier_deliveries d SET
+			state = CASE WHEN d.id = ANY($3::bigint[]) THEN 'superseded' ELSE d.state END,
 			supersede_on_finish = true, updated_at = now()
-		WHERE ` + byTID + `
-		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`
-	args = []any{ids, keys}
-	rows, err := tx.Query(ctx, q, args...)
+		WHERE `+byTID+`
+		RETURNING d.event_id, d.client_id, d.sensor_id, d.attempts, d.state`, ids, keys, now)
 	if err != nil {
 		return nil, fmt.Errorf("supersede: %w", err)
 	}
 	defer rows.Close()
 	var recs []event.Attempt
-	now := time.Now()
+	at := time.Now()
 	for rows.Next() {
-		a := event.Attempt{V: event.Version, Time: now, Outcome: event.OutcomeSuperseded}
+		a := event.Attempt{V: event.Version, Time: at, Outcome: event.OutcomeSuperseded}
 		var state string
 		if err := rows.Scan(&a.EventID, &a.ClientID, &a.SensorID, &a.Attempt, &state); err != nil {
 			return nil, fmt.Errorf("supersede: %w", err)
@@ -253,6 +248,41 @@ func supersede(ctx context.Context, tx querier, clients, sensors []string) ([]ev
 		return nil, fmt.Errorf("supersede: %w", err)
 	}
 	return recs, nil
+}
+
+// lockSweep locks the candidate rows of ids (with their sensors) in id order, as finish
+// locks its rows: updated in whatever order the scan met them, a supersede and a finish
+// sharing two rows deadlocked under load. FOR UPDATE re-checks sweepCandidate on the newest
+// version of each row it locks, and the rows stay locked, so sweep's verdicts on the facts
+// read with the locks hold to the commit. It returns the rows to update and, of them, those
+// superseded now. The UPDATE is a statement of its own, after the locks: its snapshot then
+// sees the versions locked, which byTID needs (a TID scan skips a row updated after its
+// snapshot instead of following it).
+func lockSweep(ctx context.Context, tx querier, ids []int64, keys []string) (act []int64, actKeys []string, now []int64, err error) {
+	rows, err := tx.Query(ctx, `SELECT x.id, x.sensor_id, x.attempts > 0, coalesce(x.lease_until >= now(), false), x.supersede_on_finish
+		FROM `+byID+`, LATERAL (SELECT d.id, d.sensor_id, d.attempts, d.lease_until, d.supersede_on_finish
+			FROM notifier_deliveries d
+			WHERE d.id = k.id AND d.sensor_id = k.sensor_id AND `+sweepCandidate+` FOR UPDATE) x`, ids, keys)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("supersede: %w", err)
+	}
+	var id int64
+	var key string
+	f := rowFacts{newer: true} // a candidate has a newer revision
+	_, err = pgx.ForEachRow(rows, []any{&id, &key, &f.attempted, &f.inFlight, &f.flagged}, func() error {
+		switch sweep(f) {
+		case sweepSupersede:
+			now = append(now, id)
+		case sweepKeep:
+			return nil
+		}
+		act, actKeys = append(act, id), append(actKeys, key)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("supersede: %w", err)
+	}
+	return act, actKeys, now, nil
 }
 
 // writeOutbox queues attempt records in tx for the relay to DELIVERIES.

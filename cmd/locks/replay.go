@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 	"github.com/lock-sensors/lock-sensors/projector/state"
 )
 

@@ -27,13 +27,14 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/logfmt"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/internal/sdnotify"
 	"github.com/lock-sensors/lock-sensors/internal/tracing"
 	"github.com/lock-sensors/lock-sensors/migrations"
 	"github.com/lock-sensors/lock-sensors/notifier"
 	projhistory "github.com/lock-sensors/lock-sensors/projector/history"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	rebuildrunner "github.com/lock-sensors/lock-sensors/projector/rebuild"
 	"github.com/lock-sensors/lock-sensors/projector/state"
 	"github.com/lock-sensors/lock-sensors/ui"
 	"github.com/lock-sensors/lock-sensors/watchdog"
@@ -201,10 +202,7 @@ func buildPart(name string, d deps) (runner, error) {
 			return nil, err
 		}
 		// Rebuilds started through the API run in this process, and stop with the API.
-		rb, err := rebuild.New(rebuild.Config{PartitionCount: d.cfg.Partitions}, rebuild.Deps{JS: d.js, Logger: d.log, Projections: []rebuild.Projection{
-			state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: state.RebuildDeps{JS: d.js, PG: d.pg, Logger: d.log}},
-			projhistory.Projection{Rebuilds: projhistory.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}},
-		}})
+		rb, err := newRebuildRunner(d)
 		if err != nil {
 			return nil, err
 		}
@@ -231,7 +229,7 @@ func buildPart(name string, d deps) (runner, error) {
 		d.ops.Handle("/ui/", dash.Handler())
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
-		return together{rb.Alongside(a), hl}, nil
+		return together{together{a, rb}, hl}, nil
 	case "alerter":
 		return newAlerter(d)
 	default:
@@ -355,10 +353,7 @@ func runBuilt(ctx context.Context, d deps, targets []string, srv *ops.Server, ln
 // newAlerter wires the alerter; it watches projection lag through a rebuild runner of its
 // own that only lists (ListProjections' figures), never rebuilds.
 func newAlerter(d deps) (runner, error) {
-	rb, err := rebuild.New(rebuild.Config{PartitionCount: d.cfg.Partitions}, rebuild.Deps{JS: d.js, Logger: d.log, Projections: []rebuild.Projection{
-		state.Projection{Rebuilds: state.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: state.RebuildDeps{JS: d.js, PG: d.pg, Logger: d.log}},
-		projhistory.Projection{Rebuilds: projhistory.RebuildConfig{PartitionCount: d.cfg.Partitions}, Deps: projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}},
-	}})
+	rb, err := newRebuildRunner(d)
 	if err != nil {
 		return nil, err
 	}
@@ -367,6 +362,15 @@ func newAlerter(d deps) (runner, error) {
 		MassLossShare: a.MassLossShare, MassLossMin: a.MassLossMin, SMTPURL: a.SMTPURL, EmailTo: a.EmailTo, EmailFrom: a.EmailFrom,
 		WebhookURL: a.WebhookURL, WebhookSecret: a.WebhookSecret, MaxPerMinute: a.MaxPerMinute},
 		alerter.Deps{Logger: d.log, Registerer: d.reg, JS: d.js, PG: d.pg, Projections: rb})
+}
+
+// newRebuildRunner wires the rebuild runner of the state and history projections.
+func newRebuildRunner(d deps) (*rebuildrunner.Runner, error) {
+	cfg := rebuildrunner.Config{PartitionCount: d.cfg.Partitions}
+	return rebuildrunner.New(cfg, rebuildrunner.Deps{JS: d.js, Logger: d.log, Projections: []rebuild.Projection{
+		state.NewProjection(state.RebuildConfig{PartitionCount: d.cfg.Partitions}, state.RebuildDeps{JS: d.js, PG: d.pg, Logger: d.log}),
+		projhistory.NewProjection(projhistory.RebuildConfig{PartitionCount: d.cfg.Partitions}, projhistory.RebuildDeps{JS: d.js, CH: d.ch, Logger: d.log}),
+	}})
 }
 
 // notify tells systemd the process's state when it runs as a Type=notify service; a failure

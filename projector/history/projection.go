@@ -4,51 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
-// Projection is the history projection as the rebuild runner sees it (rebuild.Projection).
-type Projection struct {
-	// Durable is the history projector's consumer name prefix (default DurableDefault).
-	Durable string
-	// Rebuilds is the template of the rebuilds' configuration (FromSeq and Progress are set
-	// per rebuild).
-	Rebuilds RebuildConfig
-	Deps     RebuildDeps
+// NewProjection is the history projection as the rebuild runner sees it: each rebuild is
+// one of rebuilds (the template of their configuration) on deps, started where the runner
+// says.
+func NewProjection(rebuilds RebuildConfig, deps RebuildDeps) rebuild.Projection {
+	return rebuild.Adapter[*Rebuild]{
+		ProjectionName: Name,
+		New: func(s rebuild.Start) (*Rebuild, error) {
+			c, d := rebuilds, deps
+			c.FromSeq, c.Progress, d.Logger = s.FromSeq, s.Progress, s.Logger
+			return NewRebuild(c, d)
+		},
+		List: infos,
+	}
 }
 
-// Name is "history".
-func (Projection) Name() string { return Name }
-
-// Rebuild prepares a rebuild of the history projection.
-func (p Projection) Rebuild(fromSeq uint64, progress func(rebuild.Progress), log *slog.Logger) (func(context.Context) (rebuild.Result, error), error) {
-	c := p.Rebuilds
-	c.FromSeq, c.Progress = fromSeq, progress
-	d := p.Deps
-	d.Logger = log
-	r, err := NewRebuild(c, d)
-	if err != nil {
-		return nil, err
-	}
-	return r.Run, nil
-}
-
-// Infos lists the history projection. It keeps no checkpoint of its own: its READINGS
-// durable consumers' ack floor is its checkpoint, and their num_pending plus
-// num_ack_pending its lag.
-func (p Projection) Infos(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
-	durable := p.Durable
-	if durable == "" {
-		durable = DurableDefault
-	}
+// infos lists the history projection. It keeps no checkpoint of its own: the ack floor of
+// its READINGS durable consumers (of the default name) is its checkpoint, and their
+// num_pending plus num_ack_pending its lag.
+func infos(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
 	info := rebuild.Info{Name: Name}
 	for pt := range partitionCount {
 		part := rebuild.PartitionInfo{Partition: pt}
-		cons, err := readings.Consumer(ctx, readingsConsumer(durable, pt))
+		cons, err := readings.Consumer(ctx, readingsConsumer(DurableDefault, pt))
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			// Never run: nothing applied.

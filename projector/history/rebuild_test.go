@@ -15,8 +15,8 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 )
 
 // historyDigest is the distinct rows of a history table as a count and a sum of row hashes.

@@ -1,3 +1,7 @@
+// Package rebuild is the part that runs rebuilds inside a serving process (the admin API of
+// `locks run`): Start begins one in the background, one at a time per projection, and
+// Status and List say how it goes, beside each projection's checkpoints and lag behind
+// READINGS. What it shares with the projections and the API is internal/rebuild.
 package rebuild
 
 import (
@@ -13,76 +17,8 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
+	rb "github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
-
-// The runner runs rebuilds inside a serving process (the admin API of `locks run`): Start
-// begins one in the background, one at a time per projection, and Status and List say how
-// it goes, beside each projection's checkpoints and lag behind READINGS.
-
-var (
-	// ErrRunning: a rebuild of the projection is under way already.
-	ErrRunning = errors.New("a rebuild of this projection is running")
-	// ErrUnknownProjection: no Projection of the runner has the name.
-	ErrUnknownProjection = errors.New("unknown projection")
-	// ErrNoReadingAfter: READINGS holds no message at or after the time asked for.
-	ErrNoReadingAfter = errors.New("READINGS holds no message at or after that time")
-)
-
-// Projection is a projection the runner can rebuild and list.
-type Projection interface {
-	// Name is the projection's name in requests ("state", "history").
-	Name() string
-	// Rebuild prepares a rebuild starting at READINGS sequence fromSeq (0: the start) that
-	// reports to progress; the returned function runs it.
-	Rebuild(fromSeq uint64, progress func(Progress), log *slog.Logger) (func(context.Context) (Result, error), error)
-	// Infos lists the projection's partitions (and those of what it keeps beside, such as a
-	// rebuild's shadow), readings being the READINGS stream.
-	Infos(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]Info, error)
-}
-
-// Request asks for a rebuild of Projection from FromSeq, or from the first READINGS message
-// at or after FromTime (not both).
-type Request struct {
-	Projection string
-	FromSeq    uint64
-	FromTime   time.Time
-}
-
-// Status is a rebuild started by a Runner: under way or the last one.
-type Status struct {
-	Projection string
-	Running    bool
-	// Phase is "starting" (before the first progress report), "catch-up", "swap", "done"
-	// or "failed".
-	Phase       string
-	Done, Total uint64  // READINGS (history: all three streams') messages
-	Rate        float64 // messages/s since the start
-	ETA         time.Duration
-	FromSeq     uint64 // the READINGS sequence it starts at (0: the beginning)
-	Started     time.Time
-	Finished    time.Time // zero while running
-	Err         string    // why it failed
-	Result      Result
-}
-
-// PartitionInfo is one partition of a projection: the READINGS sequence it has applied up
-// to (Checkpoint), the partition's last sequence in READINGS, and Lag, the number of the
-// partition's messages after the checkpoint.
-type PartitionInfo struct {
-	Partition  int
-	Checkpoint uint64
-	LastSeq    uint64
-	Lag        uint64
-}
-
-// Info is a projection's checkpoints and lag per partition, and its rebuild (running or
-// last) when one was started here.
-type Info struct {
-	Name       string
-	Partitions []PartitionInfo
-	Lag        uint64 // the sum of the partitions'
-	Rebuild    *Status
-}
 
 // Config configures a Runner.
 type Config struct {
@@ -102,18 +38,18 @@ func (c Config) Validate() error {
 type Deps struct {
 	JS          jetstream.JetStream
 	Logger      *slog.Logger
-	Projections []Projection
+	Projections []rb.Projection
 }
 
-// Runner starts rebuilds in the background; see the comment at the top of this file.
+// Runner starts rebuilds in the background; see the package comment.
 type Runner struct {
 	cfg   Config
 	js    jetstream.JetStream
 	log   *slog.Logger
-	projs []Projection
+	projs []rb.Projection
 
 	mu     sync.Mutex
-	runs   map[string]*Status // by projection: the running or last one
+	runs   map[string]*rb.Status // by projection: the running or last one
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -131,32 +67,25 @@ func New(cfg Config, d Deps) (*Runner, error) {
 		return nil, fmt.Errorf("rebuild runner: %w: Projections", part.ErrMissingDep)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Runner{cfg: cfg, js: d.JS, log: d.Logger, projs: d.Projections, runs: map[string]*Status{}, ctx: ctx, cancel: cancel}, nil
+	return &Runner{cfg: cfg, js: d.JS, log: d.Logger, projs: d.Projections, runs: map[string]*rb.Status{}, ctx: ctx, cancel: cancel}, nil
 }
 
-// Close stops the rebuilds under way (each can be started again and continues or starts
-// over, as after a kill) and waits for them.
+// Run serves until ctx ends, then stops the rebuilds under way (each can be started again
+// and continues or starts over, as after a kill) and waits for them: the rebuilds live as
+// long as the process part that starts them.
+func (r *Runner) Run(ctx context.Context) error {
+	<-ctx.Done()
+	r.Close()
+	return nil
+}
+
+// Close stops the rebuilds under way and waits for them, as Run does when its ctx ends.
 func (r *Runner) Close() {
 	r.cancel()
 	r.wg.Wait()
 }
 
-type runFunc func(context.Context) error
-
-func (f runFunc) Run(ctx context.Context) error { return f(ctx) }
-
-// Alongside returns a part that runs inner and, once inner has returned, stops the
-// rebuilds under way: the rebuilds live as long as the API that starts them.
-func (r *Runner) Alongside(inner interface{ Run(context.Context) error }) interface {
-	Run(context.Context) error
-} {
-	return runFunc(func(ctx context.Context) error {
-		defer r.Close()
-		return inner.Run(ctx)
-	})
-}
-
-func (r *Runner) projection(name string) (Projection, error) {
+func (r *Runner) projection(name string) (rb.Projection, error) {
 	names := make([]string, len(r.projs))
 	for i, p := range r.projs {
 		if p.Name() == name {
@@ -164,36 +93,36 @@ func (r *Runner) projection(name string) (Projection, error) {
 		}
 		names[i] = p.Name()
 	}
-	return nil, fmt.Errorf("%w %q: want %s", ErrUnknownProjection, name, strings.Join(names, " or "))
+	return nil, fmt.Errorf("%w %q: want %s", rb.ErrUnknownProjection, name, strings.Join(names, " or "))
 }
 
 // Start begins a rebuild of req.Projection in the background and returns its status; it
-// fails with ErrRunning while one of that projection runs.
-func (r *Runner) Start(ctx context.Context, req Request) (Status, error) {
+// fails with rb.ErrRunning while one of that projection runs.
+func (r *Runner) Start(ctx context.Context, req rb.Request) (rb.Status, error) {
 	proj, err := r.projection(req.Projection)
 	if err != nil {
-		return Status{}, err
+		return rb.Status{}, err
 	}
 	if req.FromSeq != 0 && !req.FromTime.IsZero() {
-		return Status{}, errors.New("from_seq and from_time exclude each other: give one")
+		return rb.Status{}, errors.New("from_seq and from_time exclude each other: give one")
 	}
 	r.mu.Lock()
 	if cur := r.runs[req.Projection]; cur != nil && cur.Running {
 		st := *cur
 		r.mu.Unlock()
 		return st, fmt.Errorf("%w: the rebuild of %s started at %s is in phase %s (%d of %d messages); wait for it to finish",
-			ErrRunning, req.Projection, st.Started.UTC().Format(time.RFC3339), st.Phase, st.Done, st.Total)
+			rb.ErrRunning, req.Projection, st.Started.UTC().Format(time.RFC3339), st.Phase, st.Done, st.Total)
 	}
 	if r.ctx.Err() != nil {
 		r.mu.Unlock()
-		return Status{}, errors.New("rebuild runner: shutting down")
+		return rb.Status{}, errors.New("rebuild runner: shutting down")
 	}
-	st := &Status{Projection: req.Projection, Running: true, Phase: "starting", FromSeq: req.FromSeq, Started: time.Now()}
+	st := &rb.Status{Projection: req.Projection, Running: true, Phase: "starting", FromSeq: req.FromSeq, Started: time.Now()}
 	r.runs[req.Projection] = st
 	r.wg.Add(1)
 	r.mu.Unlock()
 
-	fail := func(err error) (Status, error) {
+	fail := func(err error) (rb.Status, error) {
 		r.mu.Lock()
 		st.Running, st.Phase, st.Err, st.Finished = false, "failed", err.Error(), time.Now()
 		out := *st
@@ -202,7 +131,7 @@ func (r *Runner) Start(ctx context.Context, req Request) (Status, error) {
 		return out, err
 	}
 	if !req.FromTime.IsZero() {
-		seq, err := ResolveFromTime(ctx, r.js, req.FromTime)
+		seq, err := rb.ResolveFromTime(ctx, r.js, req.FromTime)
 		if err != nil {
 			return fail(err)
 		}
@@ -211,7 +140,7 @@ func (r *Runner) Start(ctx context.Context, req Request) (Status, error) {
 		r.mu.Unlock()
 		req.FromSeq = seq
 	}
-	progress := func(p Progress) {
+	progress := func(p rb.Progress) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if st.Running {
@@ -219,7 +148,7 @@ func (r *Runner) Start(ctx context.Context, req Request) (Status, error) {
 		}
 	}
 	log := r.log.With("started_by", "api")
-	run, err := proj.Rebuild(req.FromSeq, progress, log)
+	run, err := proj.Rebuild(rb.Start{FromSeq: req.FromSeq, Progress: progress, Logger: log})
 	if err != nil {
 		return fail(err)
 	}
@@ -246,24 +175,24 @@ func (r *Runner) Start(ctx context.Context, req Request) (Status, error) {
 }
 
 // Status is the running or last rebuild of projection started here.
-func (r *Runner) Status(projection string) (Status, bool) {
+func (r *Runner) Status(projection string) (rb.Status, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, ok := r.runs[projection]
 	if !ok {
-		return Status{}, false
+		return rb.Status{}, false
 	}
 	return *st, true
 }
 
 // List lists the projections with their checkpoints and lag per partition (see each
 // Projection's Infos), and their rebuilds.
-func (r *Runner) List(ctx context.Context) ([]Info, error) {
+func (r *Runner) List(ctx context.Context) ([]rb.Info, error) {
 	st, err := r.js.Stream(ctx, natsx.ReadingsStream)
 	if err != nil {
 		return nil, fmt.Errorf("look up %s: %w", natsx.ReadingsStream, err)
 	}
-	var out []Info
+	var out []rb.Info
 	for _, p := range r.projs {
 		infos, err := p.Infos(ctx, st, r.cfg.PartitionCount)
 		if err != nil {

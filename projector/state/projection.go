@@ -2,44 +2,35 @@ package state
 
 import (
 	"context"
-	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
-// Projection is the state projection as the rebuild runner sees it (rebuild.Projection).
-type Projection struct {
-	// Rebuilds is the template of the rebuilds' configuration (FromSeq and Progress are set
-	// per rebuild).
-	Rebuilds RebuildConfig
-	Deps     RebuildDeps
-}
-
-// Name is "state".
-func (Projection) Name() string { return Name }
-
-// Rebuild prepares a rebuild of the state projection.
-func (p Projection) Rebuild(fromSeq uint64, progress func(rebuild.Progress), log *slog.Logger) (func(context.Context) (rebuild.Result, error), error) {
-	c := p.Rebuilds
-	c.FromSeq, c.Progress = fromSeq, progress
-	d := p.Deps
-	d.Logger = log
-	r, err := NewRebuild(c, d)
-	if err != nil {
-		return nil, err
+// NewProjection is the state projection as the rebuild runner sees it: each rebuild is one
+// of rebuilds (the template of their configuration) on deps, started where the runner says.
+func NewProjection(rebuilds RebuildConfig, deps RebuildDeps) rebuild.Projection {
+	return rebuild.Adapter[*Rebuild]{
+		ProjectionName: Name,
+		New: func(s rebuild.Start) (*Rebuild, error) {
+			c, d := rebuilds, deps
+			c.FromSeq, c.Progress, d.Logger = s.FromSeq, s.Progress, s.Logger
+			return NewRebuild(c, d)
+		},
+		List: func(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
+			return infos(ctx, deps.PG, readings, partitionCount)
+		},
 	}
-	return r.Run, nil
 }
 
-// Infos lists the state projection's checkpoints and, while a rebuild's shadow has
+// infos lists the state projection's checkpoints and, while a rebuild's shadow has
 // checkpoints, the shadow's. The lag of a partition is counted by the server from its
 // per-subject index (rebuild.PartitionLag), exact and without reading the messages.
-func (p Projection) Infos(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
+func infos(ctx context.Context, pg querier, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
 	var out []rebuild.Info
 	for _, name := range []string{Name, ShadowName} {
-		cps, err := readCheckpoints(ctx, p.Deps.PG, name, false)
+		cps, err := readCheckpoints(ctx, pg, name, false)
 		if err != nil {
 			return nil, err
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
 // The rebuild of the state projection: READINGS is applied again, with the very step of

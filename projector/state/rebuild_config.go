@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
 // RebuildConfig configures a rebuild of the state projection.

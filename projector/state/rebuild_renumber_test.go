@@ -12,7 +12,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
 // A rebuild from a READINGS whose oldest readings were dropped by its limits (a max age)

@@ -23,8 +23,8 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
-	"github.com/lock-sensors/lock-sensors/projector/rebuild"
 )
 
 // rebuildLog is count random readings of sensors, then liveness facts that find a tenth of

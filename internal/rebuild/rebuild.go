@@ -1,7 +1,8 @@
-// Package rebuild holds what the rebuilds of the projections share: their progress and
-// result, the runner that starts them inside a serving process, and the READINGS look-ups
-// they start from. The rebuilds themselves live with their projections (projector/state,
-// projector/history), which each offer the runner a Projection.
+// Package rebuild holds what the rebuilds of the projections share with the runner that
+// starts them (projector/rebuild) and with those that show them (api, alerter): progress
+// and result, the runner's requests and statuses, the Projection interface with its one
+// Adapter, and the READINGS look-ups a rebuild starts from. The rebuilds themselves live with
+// their projections (projector/state, projector/history).
 package rebuild
 
 import (
