@@ -75,7 +75,10 @@ type Reader struct {
 	// no leader (standIn.go), since the time in standInSince.
 	standIn      bool
 	standInSince time.Time
-	shared       atomic.Pointer[consumerRef] // cons, for other goroutines (Consumer)
+	// pending is what the consumer had left to deliver as of the last message returned (or
+	// the consumer's creation, or its idle check): it sizes the next pull (ask).
+	pending uint64
+	shared  atomic.Pointer[consumerRef] // cons, for other goroutines (Consumer)
 }
 
 type consumerRef struct{ jetstream.Consumer }
@@ -182,6 +185,7 @@ func (r *Reader) open(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			r.cons, r.cseq, r.next, r.stale, r.lost = cons, 0, start, false, false
+			r.pending = cons.CachedInfo().NumPending
 			r.shared.Store(&consumerRef{cons})
 			r.standIn = standIn
 			if standIn {
@@ -308,7 +312,7 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		}
 	}
 	asked := time.Now()
-	msgs, err := Drain(r.cons.FetchNoWait(n))
+	msgs, err := Drain(r.cons.FetchNoWait(ask(n, r.pending)))
 	// The server answers a pull that asks not to wait at once, if only to say there is
 	// nothing; nats.go ends one that got no answer after a second, as if empty. No answer
 	// means a consumer without a leader (or an answer lost): read again from a new one.
@@ -317,8 +321,8 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		fctx, cancel := context.WithTimeout(ctx, wait)
 		msgs, err = Drain(r.cons.Fetch(1, jetstream.FetchContext(fctx)))
 		cancel()
-		if err == nil && len(msgs) == 1 && n > 1 {
-			more, merr := Drain(r.cons.FetchNoWait(n - 1))
+		if md, merr := firstMeta(msgs); err == nil && merr == nil && md.NumPending > 0 && n > 1 {
+			more, merr := Drain(r.cons.FetchNoWait(ask(n-1, md.NumPending)))
 			msgs, err = append(msgs, more...), merr
 		}
 	}
@@ -340,7 +344,7 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		if reason != "" {
 			break
 		}
-		r.cseq, r.next = md.Sequence.Consumer, md.Sequence.Stream+1
+		r.cseq, r.next, r.pending = md.Sequence.Consumer, md.Sequence.Stream+1, md.NumPending
 		out = append(out, m)
 	}
 	switch {
@@ -364,6 +368,9 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		info, ierr := r.cons.Info(ictx)
 		icancel()
 		r.idle = info
+		if ierr == nil {
+			r.pending = info.NumPending
+		}
 		switch {
 		case errors.Is(ierr, jetstream.ErrConsumerNotFound):
 			reason = "consumer gone"
@@ -389,6 +396,26 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		return out, gap, fmt.Errorf("read %s: %w", r.spec.Stream, err)
 	}
 	return out, gap, nil
+}
+
+// pullSlack is what a pull asks for beyond what the consumer was known to have pending: what
+// came since.
+const pullSlack = 64
+
+// ask is the batch of a pull for up to n messages when pending were known to be left: nats.go
+// allocates a pull's buffers by its batch, so a part with a large batch (thousands) that asks
+// for all of it at every pull at a low rate spends its CPU clearing buffers. What a smaller
+// ask leaves comes with the next pull, at once.
+func ask(n int, pending uint64) int {
+	return int(min(uint64(n), pending+pullSlack))
+}
+
+// firstMeta is the metadata of msgs[0] (an error when there is none).
+func firstMeta(msgs []jetstream.Msg) (*jetstream.MsgMetadata, error) {
+	if len(msgs) == 0 {
+		return nil, errors.New("no message")
+	}
+	return msgs[0].Metadata()
 }
 
 // checkLoss asks the consumer, after the connection was lost during a fetch, whether it
