@@ -3,11 +3,13 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -34,6 +39,12 @@ import (
 // the watch's and the webhook's latency in the same run, and the events a watcher missed or
 // got twice (there must be none).
 //
+// Where the time goes: the same latencies split at the delivery row (its created_at, the
+// notifier's intake transaction), each hop's p50 and p99 from locks_stage_seconds, and the CPU
+// of the locks process, the servers and the whole machine (anyone's work) over the run.
+// LOCKS_BENCH_WATCH=0 opens no watch: the same load's webhook latency and CPU without them.
+// LOCKS_BENCH_CPUPROFILE=dir keeps a CPU profile of the locks process over the publishing.
+//
 //	go test -run '^$' -bench BenchmarkWatchersEndToEnd -benchtime 1x ./e2e/
 func BenchmarkWatchersEndToEnd(b *testing.B) {
 	watchers := benchEnvInt(b, "LOCKS_BENCH_WATCHERS", 1000)
@@ -46,8 +57,9 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 		}
 		dur = d
 	}
+	watch := os.Getenv("LOCKS_BENCH_WATCH") != "0"
 	grpcAddr := testenv.FreeAddr(b)
-	s := start(b, "LOCKS_GRPC_ADDR="+grpcAddr, "LOCKS_LOG_LEVEL=info")
+	s := start(b, "LOCKS_GRPC_ADDR="+grpcAddr, "LOCKS_LOG_LEVEL=info", "LOCKS_PPROF=true")
 
 	type key struct {
 		sensor string
@@ -116,6 +128,9 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 	defer stop()
 	var open sync.WaitGroup
 	for i, client := range clients {
+		if !watch {
+			break
+		}
 		stream, err := locksv1.NewClientEventServiceClient(conns[i%len(conns)]).WatchClientEvents(wctx,
 			&locksv1.WatchClientEventsRequest{ClientId: client})
 		if err != nil {
@@ -151,6 +166,12 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 	}
 	defer ch.Close()
 	load1 := loadAverage()
+	cpu := testenv.StartCPU(s.components())
+	machine0 := testenv.MachineCPU()
+	var prof func() (*profile.Profile, error)
+	if os.Getenv("LOCKS_BENCH_CPUPROFILE") != "" {
+		prof = s.cpuProfile(b.Context(), dur)
+	}
 	published := map[key]time.Time{}
 	revs := make([]int64, watchers)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -180,21 +201,35 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 		mu.Lock()
 		k, h := len(watched), len(hooks)
 		mu.Unlock()
-		if k >= len(published) && h >= len(published) {
+		if (k >= len(published) || !watch) && h >= len(published) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	b.StopTimer()
 	load2 := loadAverage()
+	use := cpu.Stop()
+	busy := (testenv.MachineCPU() - machine0) / time.Since(cpu.Start).Seconds()
 	stop()
 	open.Wait()
+	if prof != nil {
+		p, err := prof()
+		if err != nil {
+			b.Fatalf("CPU profile: %v", err)
+		}
+		saveProfile(b, p)
+	}
+	rows := deliveryRows(b, s.pgURL)
 
 	mu.Lock()
 	defer mu.Unlock()
-	var watchLat, hookLat []time.Duration
+	var watchLat, hookLat, rowLat, rowWatch, rowHook []time.Duration
 	missing, doubled, hooksMissing := 0, 0, 0
 	for k, at := range published {
+		row, hasRow := rows[deliveryKey{k.sensor, k.rev}]
+		if hasRow {
+			rowLat = append(rowLat, row.Sub(at))
+		}
 		switch arr := watched[k]; {
 		case len(arr) == 0:
 			missing++
@@ -203,9 +238,15 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 				doubled++
 			}
 			watchLat = append(watchLat, arr[0].Sub(at))
+			if hasRow {
+				rowWatch = append(rowWatch, arr[0].Sub(row))
+			}
 		}
 		if arr := hooks[k]; len(arr) > 0 {
 			hookLat = append(hookLat, arr[0].Sub(at))
+			if hasRow {
+				rowHook = append(rowHook, arr[0].Sub(row))
+			}
 		} else {
 			hooksMissing++ // superseded while waiting, or not delivered within the wait
 		}
@@ -227,6 +268,34 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 		"publish→webhook p50 %.0f ms, p99 %.0f ms, max %.0f ms; watch missing %d, doubled %d, on another client's watch %d; webhooks not received %d",
 		watchers, len(published), elapsed.Round(time.Millisecond), float64(len(published))/elapsed.Seconds(), load1, load2,
 		ms(wp50), ms(wp99), ms(wmax), ms(hp50), ms(hp99), ms(hmax), missing, doubled, wrongClient, hooksMissing)
+	// Where the time went: publish → delivery row → watch or webhook, each hop of the way.
+	rp50, rp99, _ := percentiles(rowLat)
+	rwp50, rwp99, _ := percentiles(rowWatch)
+	rhp50, rhp99, _ := percentiles(rowHook)
+	b.ReportMetric(ms(rp99), "row-p99-ms")
+	b.ReportMetric(ms(rwp99), "row-watch-p99-ms")
+	b.ReportMetric(ms(rhp99), "row-webhook-p99-ms")
+	b.Logf("split at the delivery row (its created_at, %d of %d rows found): publish→row p50 %.0f ms, p99 %.0f ms; row→watch p50 %.0f ms, p99 %.0f ms; row→webhook p50 %.0f ms, p99 %.0f ms",
+		len(rowLat), len(published), ms(rp50), ms(rp99), ms(rwp50), ms(rwp99), ms(rhp50), ms(rhp99))
+	url := "http://" + s.http + "/metrics"
+	q50, err50 := stageQuantiles(url, 0.5)
+	q99, err99 := stageQuantiles(url, 0.99)
+	if err := errors.Join(err50, err99); err != nil {
+		b.Logf("no stage split: %v", err)
+	} else {
+		var line strings.Builder
+		for _, st := range []string{"sensor", "append", "state", "relay", "intake", "claim", "attempt", "finish"} {
+			fmt.Fprintf(&line, " %s %.0f/%.0f", st, q50[st]*1000, q99[st]*1000)
+		}
+		b.Logf("hops, p50/p99 ms (locks_stage_seconds):%s", line.String())
+	}
+	testenv.ReportCPU(b, use)
+	b.ReportMetric(100*busy, "machine-cpu%")
+	b.Logf("machine: %.2f of %d cores busy over the run (every process, anyone's)", busy, runtime.NumCPU())
+	if !watch {
+		b.Logf("no watch opened (LOCKS_BENCH_WATCH=0): webhook figures only")
+		return
+	}
 	if missing > 0 || doubled > 0 || wrongClient > 0 {
 		b.Fatalf("%d events missing from their watch, %d doubled, %d on another client's watch", missing, doubled, wrongClient)
 	}
@@ -240,6 +309,32 @@ func percentiles(lat []time.Duration) (p50, p99, maxLat time.Duration) {
 	slices.Sort(lat)
 	at := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	return at(.50), at(.99), lat[len(lat)-1]
+}
+
+type deliveryKey struct {
+	sensor string
+	rev    int64
+}
+
+// deliveryRows are the created_at of every delivery row (the notifier's intake transaction's
+// start, a few ms before its commit), by sensor and revision.
+func deliveryRows(b *testing.B, pgURL string) map[deliveryKey]time.Time {
+	pool, err := pgxpool.New(b.Context(), pgURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	rows, err := pool.Query(b.Context(), `SELECT sensor_id, revision, created_at FROM notifier_deliveries`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[deliveryKey]time.Time{}
+	var k deliveryKey
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&k.sensor, &k.rev, &at}, func() error { out[k] = at; return nil }); err != nil {
+		b.Fatal(err)
+	}
+	return out
 }
 
 // loadAverage is the machine's 1-minute load average, as /proc/loadavg says ("?" elsewhere).
