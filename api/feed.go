@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -18,13 +20,32 @@ import (
 // the row. The notifier takes a sensor's events in revision order, one transaction after
 // the other, so that order keeps each sensor's revisions in order.
 //
-// A row is served only once every transaction with a smaller id has ended (ingest_xid below
-// the snapshot's xmin): a transaction that began earlier and commits later would otherwise
-// add rows behind a cursor already handed out, and a reader resuming from it would miss
-// them. The price is that an open write transaction anywhere in the cluster holds the feed
+// A row is served only once every transaction with a smaller id that could still write one has
+// ended (ingest_xid below feedHorizon): a transaction that began earlier and commits later
+// would otherwise add rows behind a cursor already handed out, and a reader resuming from it
+// would miss them. The price is that an open write transaction of this database holds the feed
 // back until it ends. A (transaction, row) pair never changes, so a cursor means the same on
 // every instance and after a restart. Rows leave with the notifier's retention
 // (LOCKS_NOTIFIER_RETENTION); a cursor older than that resumes at the oldest row kept.
+
+// feedHorizon is an SQL expression (xid8): every transaction with a smaller id that could
+// write a row of this database has ended, and its rows are in the statement's snapshot.
+//
+// It is the snapshot's smallest running transaction (pg_snapshot_xmin) except those known to
+// run in another database of the server: transaction ids are the server's, so another
+// database's transactions (a migration, a DROP DATABASE, another application's batch job)
+// would otherwise hold this feed back, and they cannot write here. A transaction is known to
+// belong to another database when pg_stat_activity shows it there; that is a fact about the
+// transaction that never changes, so it holds however late pg_stat_activity is read. One not
+// shown there (it ended meanwhile, a prepared transaction, hidden from this role) is held for,
+// as one of this database; past the snapshot's running ones, its xmax (nothing at or above it
+// had begun). Rows below the result are thus final and visible to the statement: their
+// transaction ended before its snapshot (in the snapshot, below xmax and not running) or can
+// write nothing here.
+const feedHorizon = `(SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot()))
+	FROM pg_snapshot_xip(pg_current_snapshot()) x
+	WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+		WHERE a.backend_xid = x::xid AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())))`
 
 // cursorVersion is the first byte of a cursor, so that its layout can change.
 const cursorVersion = 1
@@ -98,18 +119,36 @@ func (f *feedService) ListClientEvents(ctx context.Context, req *locksv1.ListCli
 	return out, nil
 }
 
-// readFeed reads up to n items of client's feed after pos.
+// readFeed reads up to n items of client's feed after pos, up to the horizon.
 func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) ([]feedItem, error) {
 	// The sensor's address is read now, as the notifier reads it at each attempt.
-	rows, err := db.Query(ctx, `
+	return scanFeed(db.Query(ctx, `
 		SELECT d.ingest_xid::text, d.id, d.payload, coalesce(s.address, '')
 		FROM notifier_deliveries d
 		LEFT JOIN sensors s ON s.id = d.sensor_id
 		WHERE d.client_id = $1
 		  AND (d.ingest_xid, d.id) > ($2::text::xid8, $3)
-		  AND d.ingest_xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND d.ingest_xid < `+feedHorizon+`
 		ORDER BY d.ingest_xid, d.id
-		LIMIT $4`, client, strconv.FormatUint(after.xid, 10), after.id, n)
+		LIMIT $4`, client, strconv.FormatUint(after.xid, 10), after.id, n))
+}
+
+// readFeedUpTo reads up to n items of client's feed after pos and at or before upto, a
+// position below a horizon read earlier: the rows up to it are final, so no horizon is needed.
+func readFeedUpTo(ctx context.Context, db DB, client string, after, upto feedPos, n int) ([]feedItem, error) {
+	return scanFeed(db.Query(ctx, `
+		SELECT d.ingest_xid::text, d.id, d.payload, coalesce(s.address, '')
+		FROM notifier_deliveries d
+		LEFT JOIN sensors s ON s.id = d.sensor_id
+		WHERE d.client_id = $1
+		  AND (d.ingest_xid, d.id) > ($2::text::xid8, $3)
+		  AND (d.ingest_xid, d.id) <= ($4::text::xid8, $5)
+		ORDER BY d.ingest_xid, d.id
+		LIMIT $6`, client, strconv.FormatUint(after.xid, 10), after.id, strconv.FormatUint(upto.xid, 10), upto.id, n))
+}
+
+// scanFeed reads the items of a feed query: (ingest_xid, id, payload, address) rows.
+func scanFeed(rows pgx.Rows, err error) ([]feedItem, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read event feed: %w", err)
 	}
@@ -126,12 +165,8 @@ func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) (
 		if it.pos.xid, err = strconv.ParseUint(xid, 10, 64); err != nil {
 			return nil, fmt.Errorf("read event feed: ingest_xid %q: %w", xid, err)
 		}
-		e, err := event.DecodeEvent(payload)
-		if err != nil {
-			return nil, fmt.Errorf("read event feed: row %d: %w", it.pos.id, err)
-		}
-		if it.body, err = event.WebhookBody(e, address); err != nil {
-			return nil, fmt.Errorf("read event feed: row %d: %w", it.pos.id, err)
+		if it.body, err = feedBody(it.pos, payload, address); err != nil {
+			return nil, err
 		}
 		out = append(out, it)
 	}
@@ -139,6 +174,19 @@ func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) (
 		return nil, fmt.Errorf("read event feed: %w", err)
 	}
 	return out, nil
+}
+
+// feedBody is the webhook body of the delivery row at pos.
+func feedBody(pos feedPos, payload []byte, address string) ([]byte, error) {
+	e, err := event.DecodeEvent(payload)
+	if err != nil {
+		return nil, fmt.Errorf("read event feed: row %d: %w", pos.id, err)
+	}
+	body, err := event.WebhookBody(e, address)
+	if err != nil {
+		return nil, fmt.Errorf("read event feed: row %d: %w", pos.id, err)
+	}
+	return body, nil
 }
 
 // feedJSON is the REST form of a feed page: each event as the JSON object it is (the proto
