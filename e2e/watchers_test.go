@@ -168,6 +168,7 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 	load1 := loadAverage()
 	cpu := testenv.StartCPU(s.components())
 	machine0 := testenv.MachineCPU()
+	held := sampleOpenTransactions(b, s.pgURL)
 	var prof func() (*profile.Profile, error)
 	if os.Getenv("LOCKS_BENCH_CPUPROFILE") != "" {
 		prof = s.cpuProfile(b.Context(), dur)
@@ -220,6 +221,7 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 		saveProfile(b, p)
 	}
 	rows := deliveryRows(b, s.pgURL)
+	openTx := held()
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -289,9 +291,14 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 		}
 		b.Logf("hops, p50/p99 ms (locks_stage_seconds):%s", line.String())
 	}
-	testenv.ReportCPU(b, use)
+	b.Logf("%s", openTx)
+	var cpuLine strings.Builder
+	for _, u := range use {
+		b.ReportMetric(u.Percent, u.Name+"-cpu%")
+		fmt.Fprintf(&cpuLine, ", %s %.0f%%", u.Name, u.Percent)
+	}
 	b.ReportMetric(100*busy, "machine-cpu%")
-	b.Logf("machine: %.2f of %d cores busy over the run (every process, anyone's)", busy, runtime.NumCPU())
+	b.Logf("CPU over the run, %% of one core: machine %.0f%% of %d cores (every process, anyone's)%s", 100*busy, runtime.NumCPU(), cpuLine.String())
 	if !watch {
 		b.Logf("no watch opened (LOCKS_BENCH_WATCH=0): webhook figures only")
 		return
@@ -309,6 +316,62 @@ func percentiles(lat []time.Duration) (p50, p99, maxLat time.Duration) {
 	slices.Sort(lat)
 	at := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	return at(.50), at(.99), lat[len(lat)-1]
+}
+
+// sampleOpenTransactions samples, every 50 ms until the returned function is called, the age
+// of the oldest open write transaction of the database at pgURL (not the sampler's): a
+// delivery row is in the feed only once the transactions that began before it have ended, so
+// this is what the feed's horizon waits for. The function says its p50, p99 and max, and
+// which statements such a transaction was running most often.
+func sampleOpenTransactions(b *testing.B, pgURL string) (stop func() string) {
+	pool, err := pgxpool.New(b.Context(), pgURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.Context())
+	done := make(chan string)
+	go func() {
+		defer pool.Close()
+		var ages []time.Duration
+		what := map[string]int{}
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for ctx.Err() == nil {
+			var age time.Duration
+			var query string
+			err := pool.QueryRow(ctx, `SELECT coalesce(now() - xact_start, '0'), coalesce(left(regexp_replace(query, '\s+', ' ', 'g'), 60), '')
+				FROM pg_stat_activity WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+				ORDER BY xact_start LIMIT 1`).Scan(&age, &query)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				ages = append(ages, 0)
+			case err == nil:
+				ages = append(ages, age)
+				what[query]++
+			}
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
+		p50, p99, mx := percentiles(ages)
+		type q struct {
+			text string
+			n    int
+		}
+		var qs []q
+		for k, n := range what {
+			qs = append(qs, q{k, n})
+		}
+		slices.SortFunc(qs, func(a, b q) int { return b.n - a.n })
+		var top strings.Builder
+		for _, x := range qs[:min(3, len(qs))] {
+			fmt.Fprintf(&top, "; %d%% %q", 100*x.n/max(1, len(ages)), x.text)
+		}
+		done <- fmt.Sprintf("oldest open write transaction of the database (%d samples): p50 %.0f ms, p99 %.0f ms, max %.0f ms; running%s",
+			len(ages), float64(p50.Microseconds())/1000, float64(p99.Microseconds())/1000, float64(mx.Microseconds())/1000, top.String())
+	}()
+	return func() string { cancel(); return <-done }
 }
 
 type deliveryKey struct {
