@@ -31,17 +31,17 @@ import (
 // feedHorizon is an SQL expression (xid8): every transaction with a smaller id that could
 // write a row of this database has ended, and its rows are in the statement's snapshot.
 //
-// It is the snapshot's smallest running transaction (pg_snapshot_xmin) except those known to
-// run in another database of the server: transaction ids are the server's, so another
+// It is the snapshot's smallest running transaction (pg_snapshot_xmin), leaving out those known
+// to run in another database of the server: transaction ids are the server's, so another
 // database's transactions (a migration, a DROP DATABASE, another application's batch job)
 // would otherwise hold this feed back, and they cannot write here. A transaction is known to
-// belong to another database when pg_stat_activity shows it there; that is a fact about the
-// transaction that never changes, so it holds however late pg_stat_activity is read. One not
-// shown there (it ended meanwhile, a prepared transaction, hidden from this role) is held for,
-// as one of this database; past the snapshot's running ones, its xmax (nothing at or above it
-// had begun). Rows below the result are thus final and visible to the statement: their
-// transaction ended before its snapshot (in the snapshot, below xmax and not running) or can
-// write nothing here.
+// run in another database when pg_stat_activity shows it there (every role sees datid and
+// backend_xid); that is a fact about the transaction that never changes, so it holds however
+// late pg_stat_activity is read. One it does not show (it ended meanwhile, a prepared
+// transaction) is waited for as one of this database. With none running, it is the snapshot's
+// xmax, below which every transaction not running has ended. So a row below it is final and
+// in the statement's snapshot: its transaction ended before the snapshot was taken, or runs in
+// another database and wrote no row here.
 const feedHorizon = `(SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot()))
 	FROM pg_snapshot_xip(pg_current_snapshot()) x
 	WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
