@@ -21,14 +21,14 @@ import (
 // the other, so that order keeps each sensor's revisions in order.
 //
 // A row is served only once every transaction with a smaller id that could still write one has
-// ended (ingest_xid below feedHorizon): a transaction that began earlier and commits later
+// ended (ingest_xid below FeedHorizon): a transaction that began earlier and commits later
 // would otherwise add rows behind a cursor already handed out, and a reader resuming from it
 // would miss them. The price is that an open write transaction of this database holds the feed
 // back until it ends. A (transaction, row) pair never changes, so a cursor means the same on
 // every instance and after a restart. Rows leave with the notifier's retention
 // (LOCKS_NOTIFIER_RETENTION); a cursor older than that resumes at the oldest row kept.
 
-// feedHorizon is an SQL expression (xid8): every transaction with a smaller id that could
+// FeedHorizon is an SQL expression (xid8): every transaction with a smaller id that could
 // write a row of this database has ended, and its rows are in the statement's snapshot.
 //
 // It is the snapshot's smallest running transaction (pg_snapshot_xmin), leaving out those known
@@ -42,7 +42,7 @@ import (
 // xmax, below which every transaction not running has ended. So a row below it is final and
 // in the statement's snapshot: its transaction ended before the snapshot was taken, or runs in
 // another database and wrote no row here.
-const feedHorizon = `(SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot()))
+const FeedHorizon = `(SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot()))
 	FROM pg_snapshot_xip(pg_current_snapshot()) x
 	WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
 		WHERE a.backend_xid = x::xid AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())))`
@@ -128,7 +128,7 @@ func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) (
 		LEFT JOIN sensors s ON s.id = d.sensor_id
 		WHERE d.client_id = $1
 		  AND (d.ingest_xid, d.id) > ($2::text::xid8, $3)
-		  AND d.ingest_xid < `+feedHorizon+`
+		  AND d.ingest_xid < `+FeedHorizon+`
 		ORDER BY d.ingest_xid, d.id
 		LIMIT $4`, client, strconv.FormatUint(after.xid, 10), after.id, n))
 }

@@ -140,7 +140,7 @@ func (h *feedHub) poll(ctx context.Context) (full bool, err error) {
 		// Nobody to hand rows to: only move on to the horizon.
 		h.mu.Unlock()
 		var x string
-		if err := h.db.QueryRow(ctx, `SELECT `+feedHorizon+`::text`).Scan(&x); err != nil {
+		if err := h.db.QueryRow(ctx, `SELECT `+FeedHorizon+`::text`).Scan(&x); err != nil {
 			return false, fmt.Errorf("read horizon: %w", err)
 		}
 		horizon, err := strconv.ParseUint(x, 10, 64)
@@ -215,7 +215,7 @@ func (h *feedHub) read(ctx context.Context, after feedPos, clients []string) (ho
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	rows, err := h.db.Query(ctx, `
-		WITH h AS (SELECT `+feedHorizon+` AS x)
+		WITH h AS (SELECT `+FeedHorizon+` AS x)
 		SELECT h.x::text, d.client_id, d.ingest_xid::text, d.id, d.payload, coalesce(s.address, '')
 		FROM h
 		LEFT JOIN LATERAL (

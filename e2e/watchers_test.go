@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/lock-sensors/lock-sensors/api"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -40,7 +42,10 @@ import (
 // got twice (there must be none).
 //
 // Where the time goes: the same latencies split at the delivery row (its created_at, the
-// notifier's intake transaction), each hop's p50 and p99 from locks_stage_seconds, and the CPU
+// notifier's intake transaction); the watch's way from the row, split at its transaction's
+// commit and at the feed's horizon passing it (Postgres sampled every 25 ms); the age of the
+// oldest open write transaction, which the horizon waits for; each hop's p50 and p99 from
+// locks_stage_seconds; and the CPU
 // of the locks process, the servers and the whole machine (anyone's work) over the run.
 // LOCKS_BENCH_WATCH=0 opens no watch: the same load's webhook latency and CPU without them.
 // LOCKS_BENCH_CPUPROFILE=dir keeps a CPU profile of the locks process over the publishing.
@@ -169,6 +174,7 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 	cpu := testenv.StartCPU(s.components())
 	machine0 := testenv.MachineCPU()
 	held := sampleOpenTransactions(b, s.pgURL)
+	horizons := sampleHorizons(b, s.pgURL)
 	var prof func() (*profile.Profile, error)
 	if os.Getenv("LOCKS_BENCH_CPUPROFILE") != "" {
 		prof = s.cpuProfile(b.Context(), dur)
@@ -222,15 +228,17 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 	}
 	rows := deliveryRows(b, s.pgURL)
 	openTx := held()
+	hz := horizons()
 
 	mu.Lock()
 	defer mu.Unlock()
 	var watchLat, hookLat, rowLat, rowWatch, rowHook []time.Duration
+	var ingestTx, toHorizon, toXmin, horizonToWatch []time.Duration // the watch's way from the row
 	missing, doubled, hooksMissing := 0, 0, 0
 	for k, at := range published {
 		row, hasRow := rows[deliveryKey{k.sensor, k.rev}]
 		if hasRow {
-			rowLat = append(rowLat, row.Sub(at))
+			rowLat = append(rowLat, row.created.Sub(at))
 		}
 		switch arr := watched[k]; {
 		case len(arr) == 0:
@@ -240,14 +248,24 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 				doubled++
 			}
 			watchLat = append(watchLat, arr[0].Sub(at))
-			if hasRow {
-				rowWatch = append(rowWatch, arr[0].Sub(row))
+			if !hasRow {
+				break
+			}
+			rowWatch = append(rowWatch, arr[0].Sub(row.created))
+			committed, ok1 := hz.commit[row.xid]
+			below, ok2 := hz.passed(hz.db, row.xid)
+			belowXmin, ok3 := hz.passed(hz.xmin, row.xid)
+			if ok1 && ok2 && ok3 {
+				ingestTx = append(ingestTx, committed.Sub(row.created))
+				toHorizon = append(toHorizon, below.Sub(committed))
+				toXmin = append(toXmin, belowXmin.Sub(committed))
+				horizonToWatch = append(horizonToWatch, arr[0].Sub(below))
 			}
 		}
 		if arr := hooks[k]; len(arr) > 0 {
 			hookLat = append(hookLat, arr[0].Sub(at))
 			if hasRow {
-				rowHook = append(rowHook, arr[0].Sub(row))
+				rowHook = append(rowHook, arr[0].Sub(row.created))
 			}
 		} else {
 			hooksMissing++ // superseded while waiting, or not delivered within the wait
@@ -279,6 +297,13 @@ func BenchmarkWatchersEndToEnd(b *testing.B) {
 	b.ReportMetric(ms(rhp99), "row-webhook-p99-ms")
 	b.Logf("split at the delivery row (its created_at, %d of %d rows found): publish→row p50 %.0f ms, p99 %.0f ms; row→watch p50 %.0f ms, p99 %.0f ms; row→webhook p50 %.0f ms, p99 %.0f ms",
 		len(rowLat), len(published), ms(rp50), ms(rp99), ms(rwp50), ms(rwp99), ms(rhp50), ms(rhp99))
+	pq := func(l []time.Duration) string {
+		p50, p99, _ := percentiles(l)
+		return fmt.Sprintf("%.0f/%.0f", ms(p50), ms(p99))
+	}
+	b.Logf("the watch's way from the row, p50/p99 ms (%d events, Postgres sampled every %s): ingest transaction (created_at → committed) %s; "+
+		"committed → below the feed's horizon %s (below the server's xmin %s); below the horizon → at the watcher %s",
+		len(ingestTx), horizonSampling, pq(ingestTx), pq(toHorizon), pq(toXmin), pq(horizonToWatch))
 	url := "http://" + s.http + "/metrics"
 	q50, err50 := stageQuantiles(url, 0.5)
 	q99, err99 := stageQuantiles(url, 0.99)
@@ -379,25 +404,110 @@ type deliveryKey struct {
 	rev    int64
 }
 
-// deliveryRows are the created_at of every delivery row (the notifier's intake transaction's
-// start, a few ms before its commit), by sensor and revision.
-func deliveryRows(b *testing.B, pgURL string) map[deliveryKey]time.Time {
+// deliveryRow is what the benchmark reads of a delivery row: its created_at (the notifier's
+// intake transaction's start) and that transaction's id.
+type deliveryRow struct {
+	created time.Time
+	xid     uint64
+}
+
+// deliveryRows are every delivery row, by sensor and revision.
+func deliveryRows(b *testing.B, pgURL string) map[deliveryKey]deliveryRow {
 	pool, err := pgxpool.New(b.Context(), pgURL)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	rows, err := pool.Query(b.Context(), `SELECT sensor_id, revision, created_at FROM notifier_deliveries`)
+	rows, err := pool.Query(b.Context(), `SELECT sensor_id, revision, created_at, ingest_xid::text FROM notifier_deliveries`)
 	if err != nil {
 		b.Fatal(err)
 	}
-	out := map[deliveryKey]time.Time{}
+	out := map[deliveryKey]deliveryRow{}
 	var k deliveryKey
-	var at time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&k.sensor, &k.rev, &at}, func() error { out[k] = at; return nil }); err != nil {
+	var r deliveryRow
+	var xid string
+	if _, err := pgx.ForEachRow(rows, []any{&k.sensor, &k.rev, &r.created, &xid}, func() error {
+		r.xid, err = strconv.ParseUint(xid, 10, 64)
+		out[k] = r
+		return err
+	}); err != nil {
 		b.Fatal(err)
 	}
 	return out
+}
+
+// horizonSampling is how often sampleHorizons asks Postgres.
+const horizonSampling = 25 * time.Millisecond
+
+// horizonSample is a horizon (a transaction id) and when Postgres said it.
+type horizonSample struct {
+	at time.Time
+	h  uint64
+}
+
+// horizonSamples say when each intake transaction committed (first seen: within a sampling
+// interval after) and when its rows went below the feed's horizon and the server's xmin.
+type horizonSamples struct {
+	commit   map[uint64]time.Time
+	db, xmin []horizonSample // in time order, horizons made non-decreasing
+}
+
+// passed is when the horizon in samples first went past xid.
+func (hs horizonSamples) passed(samples []horizonSample, xid uint64) (time.Time, bool) {
+	i := sort.Search(len(samples), func(i int) bool { return samples[i].h > xid })
+	if i == len(samples) {
+		return time.Time{}, false
+	}
+	return samples[i].at, true
+}
+
+// sampleHorizons asks Postgres, every horizonSampling until the returned function is called,
+// for the feed's horizon (api.FeedHorizon), the server's xmin and the intake transactions
+// whose rows are visible (committed) at or above the last horizon, all in one snapshot.
+func sampleHorizons(b *testing.B, pgURL string) (stop func() horizonSamples) {
+	pool, err := pgxpool.New(b.Context(), pgURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.Context())
+	done := make(chan horizonSamples)
+	go func() {
+		defer pool.Close()
+		out := horizonSamples{commit: map[uint64]time.Time{}}
+		floor := "0"
+		t := time.NewTicker(horizonSampling)
+		defer t.Stop()
+		for ctx.Err() == nil {
+			var at time.Time
+			var xmin, h string
+			var xids []string
+			err := pool.QueryRow(ctx, `SELECT clock_timestamp(), pg_snapshot_xmin(pg_current_snapshot())::text, `+api.FeedHorizon+`::text,
+				ARRAY(SELECT DISTINCT ingest_xid::text FROM notifier_deliveries WHERE ingest_xid >= $1::text::xid8)`, floor).Scan(&at, &xmin, &h, &xids)
+			if err == nil {
+				for _, x := range xids {
+					n, _ := strconv.ParseUint(x, 10, 64)
+					if _, ok := out.commit[n]; !ok {
+						out.commit[n] = at
+					}
+				}
+				add := func(l []horizonSample, v string) []horizonSample {
+					n, _ := strconv.ParseUint(v, 10, 64)
+					if len(l) > 0 {
+						n = max(n, l[len(l)-1].h)
+					}
+					return append(l, horizonSample{at, n})
+				}
+				out.db, out.xmin = add(out.db, h), add(out.xmin, xmin)
+				floor = strconv.FormatUint(out.db[len(out.db)-1].h, 10) // below it, all committed were seen
+			}
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
+		done <- out
+	}()
+	return func() horizonSamples { cancel(); return <-done }
 }
 
 // loadAverage is the machine's 1-minute load average, as /proc/loadavg says ("?" elsewhere).
