@@ -106,7 +106,7 @@ func (f *feedService) ListClientEvents(ctx context.Context, req *locksv1.ListCli
 	if !exists {
 		return nil, &NotFoundError{Kind: "client", ID: req.GetClientId()}
 	}
-	items, err := readFeed(ctx, f.s.db, req.GetClientId(), after, n)
+	items, err := readFeed(ctx, f.s.db, req.GetClientId(), after, nil, n)
 	if err != nil {
 		return nil, err
 	}
@@ -119,8 +119,15 @@ func (f *feedService) ListClientEvents(ctx context.Context, req *locksv1.ListCli
 	return out, nil
 }
 
-// readFeed reads up to n items of client's feed after pos, up to the horizon.
-func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) ([]feedItem, error) {
+// readFeed reads up to n items of client's feed after pos: up to the horizon, or, with upto,
+// up to that position, one below a horizon read earlier (the rows up to it are final).
+func readFeed(ctx context.Context, db DB, client string, after feedPos, upto *feedPos, n int) ([]feedItem, error) {
+	args := []any{client, strconv.FormatUint(after.xid, 10), after.id, n}
+	bound := `d.ingest_xid < ` + FeedHorizon
+	if upto != nil {
+		bound = `(d.ingest_xid, d.id) <= ($5::text::xid8, $6)`
+		args = append(args, strconv.FormatUint(upto.xid, 10), upto.id)
+	}
 	// The sensor's address is read now, as the notifier reads it at each attempt.
 	return scanFeed(db.Query(ctx, `
 		SELECT d.ingest_xid::text, d.id, d.payload, coalesce(s.address, '')
@@ -128,23 +135,9 @@ func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) (
 		LEFT JOIN sensors s ON s.id = d.sensor_id
 		WHERE d.client_id = $1
 		  AND (d.ingest_xid, d.id) > ($2::text::xid8, $3)
-		  AND d.ingest_xid < `+FeedHorizon+`
+		  AND `+bound+`
 		ORDER BY d.ingest_xid, d.id
-		LIMIT $4`, client, strconv.FormatUint(after.xid, 10), after.id, n))
-}
-
-// readFeedUpTo reads up to n items of client's feed after pos and at or before upto, a
-// position below a horizon read earlier: the rows up to it are final, so no horizon is needed.
-func readFeedUpTo(ctx context.Context, db DB, client string, after, upto feedPos, n int) ([]feedItem, error) {
-	return scanFeed(db.Query(ctx, `
-		SELECT d.ingest_xid::text, d.id, d.payload, coalesce(s.address, '')
-		FROM notifier_deliveries d
-		LEFT JOIN sensors s ON s.id = d.sensor_id
-		WHERE d.client_id = $1
-		  AND (d.ingest_xid, d.id) > ($2::text::xid8, $3)
-		  AND (d.ingest_xid, d.id) <= ($4::text::xid8, $5)
-		ORDER BY d.ingest_xid, d.id
-		LIMIT $6`, client, strconv.FormatUint(after.xid, 10), after.id, strconv.FormatUint(upto.xid, 10), upto.id, n))
+		LIMIT $4`, args...))
 }
 
 // scanFeed reads the items of a feed query: (ingest_xid, id, payload, address) rows.

@@ -19,7 +19,7 @@ import (
 // stopped (done), in feed order, up to a horizon, below which every row is final. A watcher is
 // listed in a query's client list from some query on; from then it is handed every row of its
 // client after that query's starting position (the watcher's from), in order. What lies
-// between its cursor and from it reads from the database itself (readFeedUpTo): those rows
+// between its cursor and from it reads from the database itself (readFeed up to from): those rows
 // are final, below a horizon read earlier. While the hub has not listed it yet, it reads on
 // from its cursor up to the horizon (readFeed), as a feed page does, so that a resumed watch
 // catches up at once. Items it already sent come again from the hub at most once more, and

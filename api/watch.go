@@ -62,14 +62,14 @@ func (f *feedService) WatchClientEvents(req *locksv1.WatchClientEventsRequest, s
 		case from == nil:
 			// Not listed by the hub yet: read on up to the horizon, as a feed page does.
 			if items, err = f.read(ctx, func(ctx context.Context) ([]feedItem, error) {
-				return readFeed(ctx, f.s.db, req.GetClientId(), pos, watchBatch)
+				return readFeed(ctx, f.s.db, req.GetClientId(), pos, nil, watchBatch)
 			}); err != nil {
 				return err
 			}
 		case pos.less(*from):
 			// What lies before the hub's rows: final rows, read up to from.
 			if items, err = f.read(ctx, func(ctx context.Context) ([]feedItem, error) {
-				return readFeedUpTo(ctx, f.s.db, req.GetClientId(), pos, *from, watchBatch)
+				return readFeed(ctx, f.s.db, req.GetClientId(), pos, from, watchBatch)
 			}); err != nil {
 				return err
 			}
