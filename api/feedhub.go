@@ -33,6 +33,10 @@ import (
 const (
 	// hubPoll is how often the hub looks for new rows: part of an event's way to its watcher.
 	hubPoll = 50 * time.Millisecond
+	// hubIdlePoll is how often it moves on to the horizon while nobody watches, so that the
+	// first query after a watch opens does not read from far back. A watch that opens makes
+	// it look at once.
+	hubIdlePoll = time.Second
 	// hubBatch is the most rows one hub query reads; a full one is followed by the next at once.
 	hubBatch = 2000
 	// watchQueue is the most items queued for one watcher; past it, the watcher reads from
@@ -44,7 +48,8 @@ const (
 type feedHub struct {
 	db    DB
 	log   *slog.Logger
-	queue int // watchQueue; smaller in tests
+	queue int           // watchQueue; smaller in tests
+	kick  chan struct{} // buffered 1: a watch opened, look now
 
 	mu       sync.Mutex
 	watchers map[string]map[*watcher]struct{} // by client
@@ -67,7 +72,7 @@ type watcher struct {
 }
 
 func newFeedHub(db DB, log *slog.Logger) *feedHub {
-	return &feedHub{db: db, log: log, queue: watchQueue, watchers: map[string]map[*watcher]struct{}{}}
+	return &feedHub{db: db, log: log, queue: watchQueue, kick: make(chan struct{}, 1), watchers: map[string]map[*watcher]struct{}{}}
 }
 
 // subscribe registers a watcher of client; unsubscribe removes it.
@@ -79,6 +84,7 @@ func (h *feedHub) subscribe(client string) *watcher {
 		h.watchers[client] = map[*watcher]struct{}{}
 	}
 	h.watchers[client][w] = struct{}{}
+	poke(h.kick)
 	return w
 }
 
@@ -109,7 +115,7 @@ func (h *feedHub) state(w *watcher, pos feedPos) (from *feedPos, items []feedIte
 
 // run polls until ctx is done.
 func (h *feedHub) run(ctx context.Context) {
-	t := time.NewTicker(hubPoll)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		full, err := h.poll(ctx)
@@ -119,10 +125,18 @@ func (h *feedHub) run(ctx context.Context) {
 		if full && err == nil {
 			continue // more are there already
 		}
+		h.mu.Lock()
+		wait := hubPoll
+		if len(h.watchers) == 0 {
+			wait = hubIdlePoll
+		}
+		h.mu.Unlock()
+		t.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-h.kick:
 		}
 	}
 }

@@ -349,36 +349,24 @@ func percentiles(lat []time.Duration) (p50, p99, maxLat time.Duration) {
 // this is what the feed's horizon waits for. The function says its p50, p99 and max, and
 // which statements such a transaction was running most often.
 func sampleOpenTransactions(b *testing.B, pgURL string) (stop func() string) {
-	pool, err := pgxpool.New(b.Context(), pgURL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(b.Context())
-	done := make(chan string)
-	go func() {
-		defer pool.Close()
-		var ages []time.Duration
-		what := map[string]int{}
-		t := time.NewTicker(50 * time.Millisecond)
-		defer t.Stop()
-		for ctx.Err() == nil {
-			var age time.Duration
-			var query string
-			err := pool.QueryRow(ctx, `SELECT coalesce(now() - xact_start, '0'), coalesce(left(regexp_replace(query, '\s+', ' ', 'g'), 60), '')
-				FROM pg_stat_activity WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-				ORDER BY xact_start LIMIT 1`).Scan(&age, &query)
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				ages = append(ages, 0)
-			case err == nil:
-				ages = append(ages, age)
-				what[query]++
-			}
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
+	var ages []time.Duration
+	what := map[string]int{}
+	wait := samplePostgres(b, pgURL, 50*time.Millisecond, func(ctx context.Context, pool *pgxpool.Pool) {
+		var age time.Duration
+		var query string
+		err := pool.QueryRow(ctx, `SELECT coalesce(now() - xact_start, '0'), coalesce(left(regexp_replace(query, '\s+', ' ', 'g'), 60), '')
+			FROM pg_stat_activity WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+			ORDER BY xact_start LIMIT 1`).Scan(&age, &query)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			ages = append(ages, 0)
+		case err == nil:
+			ages = append(ages, age)
+			what[query]++
 		}
+	})
+	return func() string {
+		wait()
 		p50, p99, mx := percentiles(ages)
 		type q struct {
 			text string
@@ -393,10 +381,34 @@ func sampleOpenTransactions(b *testing.B, pgURL string) (stop func() string) {
 		for _, x := range qs[:min(3, len(qs))] {
 			fmt.Fprintf(&top, "; %d%% %q", 100*x.n/max(1, len(ages)), x.text)
 		}
-		done <- fmt.Sprintf("oldest open write transaction of the database (%d samples): p50 %.0f ms, p99 %.0f ms, max %.0f ms; running%s",
+		return fmt.Sprintf("oldest open write transaction of the database (%d samples): p50 %.0f ms, p99 %.0f ms, max %.0f ms; running%s",
 			len(ages), float64(p50.Microseconds())/1000, float64(p99.Microseconds())/1000, float64(mx.Microseconds())/1000, top.String())
+	}
+}
+
+// samplePostgres calls sample with a pool on the database at pgURL every interval, in a
+// goroutine of its own, until the returned function is called; that returns once it stopped.
+func samplePostgres(b *testing.B, pgURL string, every time.Duration, sample func(context.Context, *pgxpool.Pool)) (stop func()) {
+	pool, err := pgxpool.New(b.Context(), pgURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer pool.Close()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for ctx.Err() == nil {
+			sample(ctx, pool)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
 	}()
-	return func() string { cancel(); return <-done }
+	return func() { cancel(); <-done }
 }
 
 type deliveryKey struct {
@@ -465,49 +477,33 @@ func (hs horizonSamples) passed(samples []horizonSample, xid uint64) (time.Time,
 // for the feed's horizon (api.FeedHorizon), the server's xmin and the intake transactions
 // whose rows are visible (committed) at or above the last horizon, all in one snapshot.
 func sampleHorizons(b *testing.B, pgURL string) (stop func() horizonSamples) {
-	pool, err := pgxpool.New(b.Context(), pgURL)
-	if err != nil {
-		b.Fatal(err)
+	out := horizonSamples{commit: map[uint64]time.Time{}}
+	floor := "0"
+	add := func(l []horizonSample, at time.Time, v string) []horizonSample {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		if len(l) > 0 {
+			n = max(n, l[len(l)-1].h)
+		}
+		return append(l, horizonSample{at, n})
 	}
-	ctx, cancel := context.WithCancel(b.Context())
-	done := make(chan horizonSamples)
-	go func() {
-		defer pool.Close()
-		out := horizonSamples{commit: map[uint64]time.Time{}}
-		floor := "0"
-		t := time.NewTicker(horizonSampling)
-		defer t.Stop()
-		for ctx.Err() == nil {
-			var at time.Time
-			var xmin, h string
-			var xids []string
-			err := pool.QueryRow(ctx, `SELECT clock_timestamp(), pg_snapshot_xmin(pg_current_snapshot())::text, `+api.FeedHorizon+`::text,
-				ARRAY(SELECT DISTINCT ingest_xid::text FROM notifier_deliveries WHERE ingest_xid >= $1::text::xid8)`, floor).Scan(&at, &xmin, &h, &xids)
-			if err == nil {
-				for _, x := range xids {
-					n, _ := strconv.ParseUint(x, 10, 64)
-					if _, ok := out.commit[n]; !ok {
-						out.commit[n] = at
-					}
-				}
-				add := func(l []horizonSample, v string) []horizonSample {
-					n, _ := strconv.ParseUint(v, 10, 64)
-					if len(l) > 0 {
-						n = max(n, l[len(l)-1].h)
-					}
-					return append(l, horizonSample{at, n})
-				}
-				out.db, out.xmin = add(out.db, h), add(out.xmin, xmin)
-				floor = strconv.FormatUint(out.db[len(out.db)-1].h, 10) // below it, all committed were seen
-			}
-			select {
-			case <-ctx.Done():
-			case <-t.C:
+	wait := samplePostgres(b, pgURL, horizonSampling, func(ctx context.Context, pool *pgxpool.Pool) {
+		var at time.Time
+		var xmin, h string
+		var xids []string
+		if err := pool.QueryRow(ctx, `SELECT clock_timestamp(), pg_snapshot_xmin(pg_current_snapshot())::text, `+api.FeedHorizon+`::text,
+			ARRAY(SELECT DISTINCT ingest_xid::text FROM notifier_deliveries WHERE ingest_xid >= $1::text::xid8)`, floor).Scan(&at, &xmin, &h, &xids); err != nil {
+			return
+		}
+		for _, x := range xids {
+			n, _ := strconv.ParseUint(x, 10, 64)
+			if _, ok := out.commit[n]; !ok {
+				out.commit[n] = at
 			}
 		}
-		done <- out
-	}()
-	return func() horizonSamples { cancel(); return <-done }
+		out.db, out.xmin = add(out.db, at, h), add(out.xmin, at, xmin)
+		floor = strconv.FormatUint(out.db[len(out.db)-1].h, 10) // below it, every committed one was seen
+	})
+	return func() horizonSamples { wait(); return out }
 }
 
 // loadAverage is the machine's 1-minute load average, as /proc/loadavg says ("?" elsewhere).
