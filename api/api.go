@@ -111,7 +111,7 @@ type Server struct {
 	history  History
 	auth     *authenticator
 	touches  tokenTouches // when client tokens' last use was last written (tokens.go)
-	hub      *feedHub     // wakes event watchers (watch.go)
+	hub      *feedHub     // reads new feed rows for event watchers (feedhub.go)
 	metrics  *metrics
 
 	grpc    *grpc.Server

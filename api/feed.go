@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
@@ -18,13 +20,32 @@ import (
 // the row. The notifier takes a sensor's events in revision order, one transaction after
 // the other, so that order keeps each sensor's revisions in order.
 //
-// A row is served only once every transaction with a smaller id has ended (ingest_xid below
-// the snapshot's xmin): a transaction that began earlier and commits later would otherwise
-// add rows behind a cursor already handed out, and a reader resuming from it would miss
-// them. The price is that an open write transaction anywhere in the cluster holds the feed
+// A row is served only once every transaction with a smaller id that could still write one has
+// ended (ingest_xid below FeedHorizon): a transaction that began earlier and commits later
+// would otherwise add rows behind a cursor already handed out, and a reader resuming from it
+// would miss them. The price is that an open write transaction of this database holds the feed
 // back until it ends. A (transaction, row) pair never changes, so a cursor means the same on
 // every instance and after a restart. Rows leave with the notifier's retention
 // (LOCKS_NOTIFIER_RETENTION); a cursor older than that resumes at the oldest row kept.
+
+// FeedHorizon is an SQL expression (xid8): every transaction with a smaller id that could
+// write a row of this database has ended, and its rows are in the statement's snapshot.
+//
+// It is the snapshot's smallest running transaction (pg_snapshot_xmin), leaving out those known
+// to run in another database of the server: transaction ids are the server's, so another
+// database's transactions (a migration, a DROP DATABASE, another application's batch job)
+// would otherwise hold this feed back, and they cannot write here. A transaction is known to
+// run in another database when pg_stat_activity shows it there (every role sees datid and
+// backend_xid); that is a fact about the transaction that never changes, so it holds however
+// late pg_stat_activity is read. One it does not show (it ended meanwhile, a prepared
+// transaction) is waited for as one of this database. With none running, it is the snapshot's
+// xmax, below which every transaction not running has ended. So a row below it is final and
+// in the statement's snapshot: its transaction ended before the snapshot was taken, or runs in
+// another database and wrote no row here.
+const FeedHorizon = `(SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot()))
+	FROM pg_snapshot_xip(pg_current_snapshot()) x
+	WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+		WHERE a.backend_xid = x::xid AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())))`
 
 // cursorVersion is the first byte of a cursor, so that its layout can change.
 const cursorVersion = 1
@@ -85,7 +106,7 @@ func (f *feedService) ListClientEvents(ctx context.Context, req *locksv1.ListCli
 	if !exists {
 		return nil, &NotFoundError{Kind: "client", ID: req.GetClientId()}
 	}
-	items, err := readFeed(ctx, f.s.db, req.GetClientId(), after, n)
+	items, err := readFeed(ctx, f.s.db, req.GetClientId(), after, nil, n)
 	if err != nil {
 		return nil, err
 	}
@@ -98,18 +119,29 @@ func (f *feedService) ListClientEvents(ctx context.Context, req *locksv1.ListCli
 	return out, nil
 }
 
-// readFeed reads up to n items of client's feed after pos.
-func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) ([]feedItem, error) {
+// readFeed reads up to n items of client's feed after pos: up to the horizon, or, with upto,
+// up to that position, one below a horizon read earlier (the rows up to it are final).
+func readFeed(ctx context.Context, db DB, client string, after feedPos, upto *feedPos, n int) ([]feedItem, error) {
+	args := []any{client, strconv.FormatUint(after.xid, 10), after.id, n}
+	bound := `d.ingest_xid < ` + FeedHorizon
+	if upto != nil {
+		bound = `(d.ingest_xid, d.id) <= ($5::text::xid8, $6)`
+		args = append(args, strconv.FormatUint(upto.xid, 10), upto.id)
+	}
 	// The sensor's address is read now, as the notifier reads it at each attempt.
-	rows, err := db.Query(ctx, `
+	return scanFeed(db.Query(ctx, `
 		SELECT d.ingest_xid::text, d.id, d.payload, coalesce(s.address, '')
 		FROM notifier_deliveries d
 		LEFT JOIN sensors s ON s.id = d.sensor_id
 		WHERE d.client_id = $1
 		  AND (d.ingest_xid, d.id) > ($2::text::xid8, $3)
-		  AND d.ingest_xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND `+bound+`
 		ORDER BY d.ingest_xid, d.id
-		LIMIT $4`, client, strconv.FormatUint(after.xid, 10), after.id, n)
+		LIMIT $4`, args...))
+}
+
+// scanFeed reads the items of a feed query: (ingest_xid, id, payload, address) rows.
+func scanFeed(rows pgx.Rows, err error) ([]feedItem, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read event feed: %w", err)
 	}
@@ -126,12 +158,8 @@ func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) (
 		if it.pos.xid, err = strconv.ParseUint(xid, 10, 64); err != nil {
 			return nil, fmt.Errorf("read event feed: ingest_xid %q: %w", xid, err)
 		}
-		e, err := event.DecodeEvent(payload)
-		if err != nil {
-			return nil, fmt.Errorf("read event feed: row %d: %w", it.pos.id, err)
-		}
-		if it.body, err = event.WebhookBody(e, address); err != nil {
-			return nil, fmt.Errorf("read event feed: row %d: %w", it.pos.id, err)
+		if it.body, err = feedBody(it.pos, payload, address); err != nil {
+			return nil, err
 		}
 		out = append(out, it)
 	}
@@ -139,6 +167,19 @@ func readFeed(ctx context.Context, db DB, client string, after feedPos, n int) (
 		return nil, fmt.Errorf("read event feed: %w", err)
 	}
 	return out, nil
+}
+
+// feedBody is the webhook body of the delivery row at pos.
+func feedBody(pos feedPos, payload []byte, address string) ([]byte, error) {
+	e, err := event.DecodeEvent(payload)
+	if err != nil {
+		return nil, fmt.Errorf("read event feed: row %d: %w", pos.id, err)
+	}
+	body, err := event.WebhookBody(e, address)
+	if err != nil {
+		return nil, fmt.Errorf("read event feed: row %d: %w", pos.id, err)
+	}
+	return body, nil
 }
 
 // feedJSON is the REST form of a feed page: each event as the JSON object it is (the proto

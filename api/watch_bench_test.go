@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
@@ -80,6 +83,14 @@ func BenchmarkWatchers(b *testing.B) {
 	}
 
 	committed := map[string]time.Time{}
+	xacts := func() int64 {
+		var n int64
+		if err := e.db.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	xact0, cpu0 := xacts(), testenv.SelfCPU()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	start := time.Now()
@@ -129,6 +140,9 @@ func BenchmarkWatchers(b *testing.B) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	b.StopTimer()
+	cpu := testenv.SelfCPU() - cpu0
+	time.Sleep(time.Second) // pg_stat_database is updated about every second
+	xact := xacts() - xact0
 	stop()
 	open.Wait()
 
@@ -160,10 +174,24 @@ func BenchmarkWatchers(b *testing.B) {
 	b.ReportMetric(float64(watchers), "watchers")
 	b.ReportMetric(float64(missing), "missing")
 	b.ReportMetric(float64(doubled), "doubled")
+	perEvent := float64(len(committed))
+	b.ReportMetric(float64(cpu.Microseconds())/perEvent, "process-cpu-µs/event")
+	b.ReportMetric(float64(xact)/perEvent, "db-xacts/event")
+	b.Logf("cost: this process %.0f µs CPU per event (%.0f%% of one core), the database %.2f transactions per event; load average %s",
+		float64(cpu.Microseconds())/perEvent, 100*cpu.Seconds()/elapsed.Seconds(), float64(xact)/perEvent, loadavg())
 	b.Logf("%d watchers, %d events in %s (%.0f/s): commit to watch p50 %.1f ms, p99 %.1f ms, max %.1f ms; missing %d, doubled %d",
 		watchers, len(committed), elapsed.Round(time.Millisecond), float64(len(committed))/elapsed.Seconds(),
 		ms(pct(.5)), ms(pct(.99)), ms(pct(1)), missing, doubled)
 	if missing > 0 || doubled > 0 {
 		b.Fatalf("%d events missing, %d doubled", missing, doubled)
 	}
+}
+
+// loadavg is the machine's 1-minute load average ("?" where /proc cannot tell).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
 }

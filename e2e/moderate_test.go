@@ -79,7 +79,11 @@ func BenchmarkModerateLatency(b *testing.B) {
 
 // stageMedians reads every stage's median from the process's locks_stage_seconds histogram,
 // interpolated within its bucket; a stage with no observation is left out.
-func stageMedians(url string) (map[string]float64, error) {
+func stageMedians(url string) (map[string]float64, error) { return stageQuantiles(url, 0.5) }
+
+// stageQuantiles reads every stage's q-quantile (0 < q < 1) from the process's
+// locks_stage_seconds histogram, as stageMedians does the median.
+func stageQuantiles(url string, q float64) (map[string]float64, error) {
 	resp, err := http.Get(url)
 	if err != nil {
 		return nil, err
@@ -104,12 +108,12 @@ func stageMedians(url string) (map[string]float64, error) {
 		lo, below := 0.0, 0.0
 		for _, bk := range h.GetBucket() {
 			c := float64(bk.GetCumulativeCount())
-			if c >= n/2 {
+			if c >= n*q {
 				hi := bk.GetUpperBound()
 				if math.IsInf(hi, 1) {
 					hi = lo
 				}
-				out[m.GetLabel()[0].GetValue()] = lo + (hi-lo)*(n/2-below)/max(c-below, 1)
+				out[m.GetLabel()[0].GetValue()] = lo + (hi-lo)*(n*q-below)/max(c-below, 1)
 				break
 			}
 			lo, below = bk.GetUpperBound(), c

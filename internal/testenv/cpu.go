@@ -93,6 +93,27 @@ func PidCPU(pid int) func() float64 {
 	}
 }
 
+// MachineCPU is the CPU seconds the machine's cores have been busy so far, all of them and
+// every process (anyone's, not only the run's), from /proc/stat: over a span, divided by its
+// wall time, how many cores were busy (0 when /proc cannot tell).
+func MachineCPU() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for _, k := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal (not idle, iowait)
+		v, _ := strconv.ParseFloat(f[k], 64)
+		busy += v
+	}
+	return busy / clockTick
+}
+
 // Servers are the local servers the tests run against (NATS is embedded or a process of the
 // test's own), and this process: the load generator, its receiver and the samplers.
 func Servers() []Component {
