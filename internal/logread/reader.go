@@ -322,26 +322,9 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 			msgs, err = append(msgs, more...), merr
 		}
 	}
-	out := msgs[:0]
-	reason := ""
+	out, reason := r.takeRun(msgs)
 	if unanswered {
 		reason = "the consumer did not answer a pull (no leader?)"
-	}
-	for _, m := range msgs {
-		md, merr := m.Metadata()
-		switch {
-		case merr != nil:
-			reason = "unreadable metadata"
-		case md.Sequence.Consumer != r.cseq+1:
-			reason = fmt.Sprintf("consumer sequence %d after %d: a delivery was lost", md.Sequence.Consumer, r.cseq)
-		case md.NumDelivered != 1 && r.spec.AckPolicy != jetstream.AckNonePolicy:
-			reason = "redelivery"
-		}
-		if reason != "" {
-			break
-		}
-		r.cseq, r.next = md.Sequence.Consumer, md.Sequence.Stream+1
-		out = append(out, m)
 	}
 	switch {
 	case err != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
@@ -355,27 +338,7 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 		reason, err = "consumer gone: "+err.Error(), nil
 	}
 	if err == nil && reason == "" && len(msgs) == 0 && wait > 0 {
-		// Idle. A message lost at the tail has no successor to show the gap: the consumer's
-		// count of deliveries does.
-		// Bounded: a consumer whose leader went down with a NATS node answers nothing until
-		// it has a new one (seconds to minutes), and waiting the API's default 5 s for it
-		// held the part that long; a new consumer reads at once.
-		ictx, icancel := context.WithTimeout(ctx, infoTimeout)
-		info, ierr := r.cons.Info(ictx)
-		icancel()
-		r.idle = info
-		switch {
-		case errors.Is(ierr, jetstream.ErrConsumerNotFound):
-			reason = "consumer gone"
-		case ierr != nil && ctx.Err() == nil && (errors.Is(ierr, context.DeadlineExceeded) || errors.Is(ierr, nats.ErrTimeout)):
-			reason = "the consumer did not answer within " + infoTimeout.String() + " (no leader?)"
-		case ierr != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
-			r.lost = true
-		case ierr != nil:
-			err = ierr
-		case info.Delivered.Consumer > r.cseq:
-			reason = fmt.Sprintf("consumer delivered %d, %d came: a delivery was lost", info.Delivered.Consumer, r.cseq)
-		}
+		reason, err = r.checkIdle(ctx)
 	}
 	if reason != "" {
 		gap = true
