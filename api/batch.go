@@ -145,9 +145,39 @@ func (sub *subscriptionService) BatchCreateSubscriptions(ctx context.Context, re
 	if err := checkBatchSize(len(reqs)); err != nil {
 		return nil, err
 	}
+	b, err := checkSubscriptionBatch(clientID, reqs)
+	if err != nil {
+		return nil, err
+	}
+	out := &locksv1.BatchCreateSubscriptionsResponse{Subscriptions: make([]*locksv1.Subscription, len(reqs))}
+	err = pgx.BeginFunc(ctx, sub.s.db, func(tx pgx.Tx) error {
+		if err := b.lockSubscribed(ctx, tx); err != nil {
+			return err
+		}
+		return b.upsert(ctx, tx, out.Subscriptions)
+	})
+	if err != nil {
+		return nil, err
+	}
+	sub.s.registryChanged(clientID)
+	return out, nil
+}
+
+// subscriptionBatch is a checked BatchCreateSubscriptions call: item i subscribes clientID
+// to ids[i] for types[i] (as stored); first maps a sensor id back to its item.
+type subscriptionBatch struct {
+	clientID string
+	reqs     []*locksv1.CreateSubscriptionRequest
+	ids      []string
+	types    [][]string
+	first    map[string]int
+}
+
+// checkSubscriptionBatch checks every item of a batch for clientID and names all the bad
+// fields at once (FieldErrors).
+func checkSubscriptionBatch(clientID string, reqs []*locksv1.CreateSubscriptionRequest) (*subscriptionBatch, error) {
 	n := len(reqs)
-	ids, types := make([]string, n), make([][]string, n)
-	first := make(map[string]int, n)
+	b := &subscriptionBatch{clientID: clientID, reqs: reqs, ids: make([]string, n), types: make([][]string, n), first: make(map[string]int, n)}
 	var bad FieldErrors
 	add := func(err error) bool {
 		var fe *FieldError
@@ -166,70 +196,72 @@ func (sub *subscriptionService) BatchCreateSubscriptions(ctx context.Context, re
 			continue
 		}
 		id := r.GetSensorId()
-		if j, dup := first[id]; dup {
+		if j, dup := b.first[id]; dup {
 			bad = append(bad, &FieldError{Field: item(i, "sensor_id"), Reason: fmt.Sprintf("%q is also the sensor of requests[%d]: every sensor once", id, j)})
 			continue
 		}
-		first[id] = i
-		ids[i], types[i] = id, storedTypes(r.GetEventTypes())
+		b.first[id] = i
+		b.ids[i], b.types[i] = id, storedTypes(r.GetEventTypes())
 	}
 	if len(bad) > 0 {
 		return nil, bad
 	}
-	out := &locksv1.BatchCreateSubscriptionsResponse{Subscriptions: make([]*locksv1.Subscription, n)}
-	err := pgx.BeginFunc(ctx, sub.s.db, func(tx pgx.Tx) error {
-		// The client and the sensors are locked against deletion until the commit, so that
-		// a missing one is named rather than failing on a foreign key.
-		var ok bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM clients WHERE id = $1 FOR SHARE)`, clientID).Scan(&ok); err != nil {
-			return fmt.Errorf("read client: %w", err)
-		}
-		if !ok {
-			return &NotFoundError{Kind: "client", ID: clientID}
-		}
-		rows, err := tx.Query(ctx, `SELECT id FROM sensors WHERE id = ANY($1) FOR SHARE`, ids)
-		if err != nil {
-			return fmt.Errorf("read sensors: %w", err)
-		}
-		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("read sensors: %w", err)
-		}
-		if len(found) < n {
-			return notAmong(ErrNotFound, ids, found, "sensor_id")
-		}
-		// event_types travel as one text per item, a Postgres array cannot be ragged: each
-		// item's list is joined and split again (the known types have no comma: CheckTypes).
-		joined := make([]string, n)
-		for i, t := range types {
-			joined[i] = strings.Join(t, ",")
-		}
-		rows, err = tx.Query(ctx, `
-			INSERT INTO subscriptions (client_id, sensor_id, event_types)
-			SELECT $1, u.sensor_id, CASE WHEN u.types = '' THEN '{}'::text[] ELSE string_to_array(u.types, ',') END
-			FROM unnest($2::text[], $3::text[]) AS u (sensor_id, types)
-			ON CONFLICT (client_id, sensor_id) DO UPDATE SET event_types = excluded.event_types
-			RETURNING sensor_id, created_at`, clientID, ids, joined)
-		if err != nil {
-			return fmt.Errorf("subscribe: %w", err)
-		}
-		var sensorID string
-		var created time.Time
-		_, err = pgx.ForEachRow(rows, []any{&sensorID, &created}, func() error {
-			i := first[sensorID]
-			s := subscriptionProto(sensorID, clientID, created)
-			s.EventTypes = reqs[i].GetEventTypes()
-			out.Subscriptions[i] = s
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("subscribe: %w", err)
-		}
+	return b, nil
+}
+
+// lockSubscribed locks the client and the sensors against deletion until the commit, so
+// that a missing one is named rather than failing on a foreign key.
+func (b *subscriptionBatch) lockSubscribed(ctx context.Context, tx pgx.Tx) error {
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM clients WHERE id = $1 FOR SHARE)`, b.clientID).Scan(&ok); err != nil {
+		return fmt.Errorf("read client: %w", err)
+	}
+	if !ok {
+		return &NotFoundError{Kind: "client", ID: b.clientID}
+	}
+	rows, err := tx.Query(ctx, `SELECT id FROM sensors WHERE id = ANY($1) FOR SHARE`, b.ids)
+	if err != nil {
+		return fmt.Errorf("read sensors: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read sensors: %w", err)
+	}
+	if len(found) < len(b.ids) {
+		return notAmong(ErrNotFound, b.ids, found, "sensor_id")
+	}
+	return nil
+}
+
+// upsert writes the batch's subscriptions (an existing one gets the new event types) and
+// fills out, in the order of the items.
+func (b *subscriptionBatch) upsert(ctx context.Context, tx pgx.Tx, out []*locksv1.Subscription) error {
+	// event_types travel as one text per item, a Postgres array cannot be ragged: each
+	// item's list is joined and split again (the known types have no comma: CheckTypes).
+	joined := make([]string, len(b.types))
+	for i, t := range b.types {
+		joined[i] = strings.Join(t, ",")
+	}
+	rows, err := tx.Query(ctx, `
+		INSERT INTO subscriptions (client_id, sensor_id, event_types)
+		SELECT $1, u.sensor_id, CASE WHEN u.types = '' THEN '{}'::text[] ELSE string_to_array(u.types, ',') END
+		FROM unnest($2::text[], $3::text[]) AS u (sensor_id, types)
+		ON CONFLICT (client_id, sensor_id) DO UPDATE SET event_types = excluded.event_types
+		RETURNING sensor_id, created_at`, b.clientID, b.ids, joined)
+	if err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	var sensorID string
+	var created time.Time
+	_, err = pgx.ForEachRow(rows, []any{&sensorID, &created}, func() error {
+		i := b.first[sensorID]
+		s := subscriptionProto(sensorID, b.clientID, created)
+		s.EventTypes = b.reqs[i].GetEventTypes()
+		out[i] = s
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("subscribe: %w", err)
 	}
-	sub.s.registryChanged(clientID)
-	return out, nil
+	return nil
 }

@@ -22,32 +22,9 @@ const CrashAfterPublish = "bridge.after_publish"
 // acker resolves items in delivery order and acks RabbitMQ after each effect is durable,
 // several at a time with multiple=true. After fail it only drains.
 func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pending <-chan item, returns <-chan amqp.Return, fail func(error)) {
-	var (
-		lastTag   uint64
-		lastStart time.Time
-		unacked   int
-		failed    bool
-	)
+	w := &ackWindow{b: b, ctx: ctx, ch: ch, sess: sess, fail: fail}
+	flush := w.flush
 	batch := max(1, b.cfg.Prefetch/4)
-	flush := func() {
-		if unacked == 0 || failed {
-			return
-		}
-		// Recorded before the ack, so a later session never takes an acked reading for an
-		// unacked one (see identity.go).
-		if err := b.recordSession(ctx, sess, lastTag, lastStart); err != nil {
-			failed = true
-			fail(err)
-			return
-		}
-		if err := ch.Ack(lastTag, true); err != nil {
-			failed = true
-			fail(fmt.Errorf("ack: %w", err))
-			return
-		}
-		unacked = 0
-		sess.heartbeat(ctx)
-	}
 	// An idle acker still keeps its session's record alive (see identity.go).
 	tick := time.NewTicker(heartbeatEvery)
 	defer tick.Stop()
@@ -74,7 +51,7 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pen
 			break
 		}
 		b.m.inFlight.Dec()
-		if failed {
+		if w.failed {
 			endAppend(it, errSessionFailed)
 			if it.done != nil {
 				close(it.done)
@@ -84,9 +61,8 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pen
 		err := b.resolve(ctx, it, returns, flush)
 		endAppend(it, err)
 		if err != nil {
-			flush() // what came before is done: ack it
-			failed = true
-			fail(err) // before done is closed: the reader must see the failure first
+			flush()     // what came before is done: ack it
+			w.stop(err) // before done is closed: the reader must see the failure first
 		}
 		if it.done != nil {
 			close(it.done)
@@ -94,13 +70,52 @@ func (b *Bridge) acker(ctx context.Context, ch *amqp.Channel, sess *session, pen
 		if err != nil {
 			continue
 		}
-		lastTag, lastStart = it.tag, it.start
-		unacked++
-		if unacked >= batch {
+		w.lastTag, w.lastStart = it.tag, it.start
+		w.unacked++
+		if w.unacked >= batch {
 			flush()
 		}
 	}
 	flush()
+}
+
+// ackWindow is what the acker has resolved and not yet acked: one ack of lastTag with
+// multiple=true covers all unacked of them. Once failed, it acks nothing more.
+type ackWindow struct {
+	b         *Bridge
+	ctx       context.Context
+	ch        *amqp.Channel
+	sess      *session
+	fail      func(error)
+	lastTag   uint64
+	lastStart time.Time
+	unacked   int
+	failed    bool
+}
+
+// flush acks the window, if there is anything to ack.
+func (w *ackWindow) flush() {
+	if w.unacked == 0 || w.failed {
+		return
+	}
+	// Recorded before the ack, so a later session never takes an acked reading for an
+	// unacked one (see identity.go).
+	if err := w.b.recordSession(w.ctx, w.sess, w.lastTag, w.lastStart); err != nil {
+		w.stop(err)
+		return
+	}
+	if err := w.ch.Ack(w.lastTag, true); err != nil {
+		w.stop(fmt.Errorf("ack: %w", err))
+		return
+	}
+	w.unacked = 0
+	w.sess.heartbeat(w.ctx)
+}
+
+// stop fails the session with err; the window acks nothing after it.
+func (w *ackWindow) stop(err error) {
+	w.failed = true
+	w.fail(err)
 }
 
 // resolve waits until the item's effect is durable. Before it blocks, it calls idle: acks

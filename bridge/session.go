@@ -28,6 +28,8 @@ func (b *Bridge) dial(name string) (*amqp.Connection, error) {
 	return conn, nil
 }
 
+// session consumes the queue over one pair of RabbitMQ connections until ctx ends or a
+// connection fails: the reader hands each delivery to handle, the acker acks what is durable.
 func (b *Bridge) session(ctx context.Context) error {
 	conn, err := b.dial(b.cfg.ConnectionName)
 	if err != nil {
@@ -41,70 +43,27 @@ func (b *Bridge) session(ctx context.Context) error {
 		return err
 	}
 	defer pubConn.Close()
-	ch, err := conn.Channel()
+	chans, err := b.openChannels(conn, pubConn)
 	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
-	if err := declareQueue(conn, b.cfg.Queue, nil); err != nil {
 		return err
 	}
-	invalidArgs := amqp.Table{"x-max-length": int64(b.cfg.InvalidMaxLength), "x-overflow": "drop-head"}
-	if err := declareQueue(conn, b.cfg.InvalidQueue, invalidArgs); err != nil {
+	deliveries, err := b.consume(chans.ch)
+	if err != nil {
 		return err
-	}
-	pub, err := pubConn.Channel()
-	if err != nil {
-		return fmt.Errorf("open publishing channel: %w", err)
-	}
-	if err := pub.Confirm(false); err != nil {
-		return fmt.Errorf("publisher confirms: %w", err)
-	}
-	// amqp091-go blocks its reader on a full return channel; at most MaxInFlight (+ the one
-	// the reader holds) invalid publishes are outstanding before the session fails on the
-	// first return, so this never fills.
-	returns := pub.NotifyReturn(make(chan amqp.Return, b.cfg.MaxInFlight+2))
-	// The one consumer of the queue (exclusive): with two consumers, RabbitMQ hands a
-	// sensor's next readings to one bridge while the other still holds its earlier ones
-	// (stalled on a NATS failover), and they reach READINGS out of order (invariant 4). A
-	// second bridge process is a standby: its Consume is refused until the active one is gone.
-	deliveries, err := ch.Consume(b.cfg.Queue, "", false, true, false, false, nil)
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
-		return fmt.Errorf("%w: %s", errStandby, ae.Reason)
-	}
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
 	}
 	b.m.standby.Set(0) // this bridge is the queue's consumer now
-	// Before the first delivery is handled: a bridge taking over starts from what the
-	// registry and the state projection hold now.
-	if err := b.sensors.load(ctx); err != nil {
+	stopFresh, err := b.startRegistry(ctx)
+	if err != nil {
 		return err
 	}
-	fctx, stopFresh := context.WithCancel(ctx)
-	freshDone := make(chan struct{})
-	go func() {
-		defer close(freshDone)
-		b.sensors.keepFresh(fctx, b.cfg.RegistryRefresh)
-	}()
-	defer func() {
-		stopFresh()
-		<-freshDone
-	}()
+	defer stopFresh()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	pubClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
 	b.m.connects.Inc()
 	b.log.Info("connected to RabbitMQ", "queue", b.cfg.Queue, "prefetch", b.cfg.Prefetch,
 		"connection_name", b.cfg.ConnectionName)
 
-	// The drain context outlives ctx by DrainTimeout, so a stopping bridge still acks what
-	// JetStream has acknowledged instead of leaving it all to redelivery.
-	dctx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelDrain()
-	stopDrain := context.AfterFunc(ctx, func() { time.AfterFunc(b.cfg.DrainTimeout, cancelDrain) })
+	dctx, stopDrain := b.drainContext(ctx)
 	defer stopDrain()
 
 	sess, err := startSession(ctx, b.js, time.Now())
@@ -132,43 +91,134 @@ func (b *Bridge) session(ctx context.Context) error {
 	ackerDone := make(chan struct{})
 	go func() {
 		defer close(ackerDone)
-		b.acker(dctx, ch, sess, pending, returns, fail)
+		b.acker(dctx, chans.ch, sess, pending, chans.returns, fail)
 	}()
 
-	var readErr error
-read:
-	for ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-			break read
-		case e := <-closed:
-			readErr = errors.New("RabbitMQ connection closed")
-			if e != nil {
-				readErr = fmt.Errorf("RabbitMQ connection closed: %w", e)
-			}
-			break read
-		case e := <-pubClosed:
-			readErr = errors.New("RabbitMQ publishing connection closed")
-			if e != nil {
-				readErr = fmt.Errorf("RabbitMQ publishing connection closed: %w", e)
-			}
-			break read
-		case d, ok := <-deliveries:
-			if !ok {
-				readErr = errors.New("RabbitMQ channel closed")
-				break read
-			}
-			it := b.handle(ctx, pub, d, ord, sess, appendMsg)
-			b.m.inFlight.Inc()
-			pending <- it // bounded: blocks while MaxInFlight messages await their ack
-		}
-	}
+	readErr := b.read(ctx, closed, pubClosed, deliveries, pending, func(d amqp.Delivery) item {
+		return b.handle(ctx, chans.pub, d, ord, sess, appendMsg)
+	})
 	close(pending)
 	<-ackerDone
 	if failErr != nil {
 		return failErr
 	}
 	return readErr
+}
+
+// channels are a session's AMQP channels: ch consumes and acks, pub publishes to the
+// invalid queue with confirms, and returns carries what RabbitMQ could not route.
+type channels struct {
+	ch, pub *amqp.Channel
+	returns <-chan amqp.Return
+}
+
+// openChannels opens the session's channels on conn and pubConn and declares both queues.
+func (b *Bridge) openChannels(conn, pubConn *amqp.Connection) (channels, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return channels{}, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(b.cfg.Prefetch, 0, false); err != nil {
+		return channels{}, fmt.Errorf("set prefetch: %w", err)
+	}
+	if err := declareQueue(conn, b.cfg.Queue, nil); err != nil {
+		return channels{}, err
+	}
+	invalidArgs := amqp.Table{"x-max-length": int64(b.cfg.InvalidMaxLength), "x-overflow": "drop-head"}
+	if err := declareQueue(conn, b.cfg.InvalidQueue, invalidArgs); err != nil {
+		return channels{}, err
+	}
+	pub, err := pubConn.Channel()
+	if err != nil {
+		return channels{}, fmt.Errorf("open publishing channel: %w", err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		return channels{}, fmt.Errorf("publisher confirms: %w", err)
+	}
+	// amqp091-go blocks its reader on a full return channel; at most MaxInFlight (+ the one
+	// the reader holds) invalid publishes are outstanding before the session fails on the
+	// first return, so this never fills.
+	returns := pub.NotifyReturn(make(chan amqp.Return, b.cfg.MaxInFlight+2))
+	return channels{ch: ch, pub: pub, returns: returns}, nil
+}
+
+// consume makes this bridge the one consumer of the queue (exclusive): with two consumers,
+// RabbitMQ hands a sensor's next readings to one bridge while the other still holds its
+// earlier ones (stalled on a NATS failover), and they reach READINGS out of order
+// (invariant 4). A second bridge process is a standby: its Consume is refused (errStandby)
+// until the active one is gone.
+func (b *Bridge) consume(ch *amqp.Channel) (<-chan amqp.Delivery, error) {
+	deliveries, err := ch.Consume(b.cfg.Queue, "", false, true, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+		return nil, fmt.Errorf("%w: %s", errStandby, ae.Reason)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", b.cfg.Queue, err)
+	}
+	return deliveries, nil
+}
+
+// startRegistry loads the registry before the first delivery is handled (a bridge taking
+// over starts from what the registry and the state projection hold now) and keeps it fresh
+// until stop is called.
+func (b *Bridge) startRegistry(ctx context.Context) (stop func(), err error) {
+	if err := b.sensors.load(ctx); err != nil {
+		return nil, err
+	}
+	fctx, stopFresh := context.WithCancel(ctx)
+	freshDone := make(chan struct{})
+	go func() {
+		defer close(freshDone)
+		b.sensors.keepFresh(fctx, b.cfg.RegistryRefresh)
+	}()
+	return func() {
+		stopFresh()
+		<-freshDone
+	}, nil
+}
+
+// drainContext outlives ctx by DrainTimeout, so a stopping bridge still acks what
+// JetStream has acknowledged instead of leaving it all to redelivery.
+func (b *Bridge) drainContext(ctx context.Context) (dctx context.Context, stop func()) {
+	dctx, cancelDrain := context.WithCancel(context.WithoutCancel(ctx))
+	stopDrain := context.AfterFunc(ctx, func() { time.AfterFunc(b.cfg.DrainTimeout, cancelDrain) })
+	return dctx, func() {
+		stopDrain()
+		cancelDrain()
+	}
+}
+
+// read hands each delivery to handle and queues its item for the acker until ctx ends or
+// a connection or the channel closes, which it returns as the error.
+func (b *Bridge) read(ctx context.Context, closed, pubClosed <-chan *amqp.Error, deliveries <-chan amqp.Delivery, pending chan<- item, handle func(amqp.Delivery) item) error {
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-closed:
+			return closedErr("RabbitMQ connection closed", e)
+		case e := <-pubClosed:
+			return closedErr("RabbitMQ publishing connection closed", e)
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("RabbitMQ channel closed")
+			}
+			it := handle(d)
+			b.m.inFlight.Inc()
+			pending <- it // bounded: blocks while MaxInFlight messages await their ack
+		}
+	}
+	return nil
+}
+
+// closedErr is what a closed connection ends the session with: what, with RabbitMQ's
+// reason when it gave one.
+func closedErr(what string, e *amqp.Error) error {
+	if e == nil {
+		return errors.New(what)
+	}
+	return fmt.Errorf("%s: %w", what, e)
 }
 
 // appender is how this session appends readings: in atomic batches when READINGS allows

@@ -33,16 +33,41 @@ func (s *Store) Stats(ctx context.Context, sensorID string, q StatsQuery) ([]Int
 	if err := checkID("sensor_id", sensorID); err != nil {
 		return nil, err
 	}
-	now := s.now()
+	w, err := q.window(s.now())
+	if err != nil {
+		return nil, err
+	}
+	out := w.intervals()
+	if err := s.statsCounts(ctx, sensorID, w, out); err != nil {
+		return nil, err
+	}
+	if w.spanEnd <= w.start {
+		return out, nil
+	}
+	if err := s.statsSpans(ctx, sensorID, w, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// statsWindow is a checked StatsQuery in Unix milliseconds: n intervals of step from start,
+// the last one ending at end. Time spans stop at spanEnd: the future is not yet closed,
+// open or lost.
+type statsWindow struct {
+	start, end, spanEnd, step, n int64
+}
+
+// window checks q, with now for a zero End, and says its intervals.
+func (q StatsQuery) window(now time.Time) (statsWindow, error) {
 	if q.Start.IsZero() {
-		return nil, invalid("start_time", "required")
+		return statsWindow{}, invalid("start_time", "required")
 	}
 	end := q.End
 	if end.IsZero() {
 		end = now
 	}
 	if !end.After(q.Start) {
-		return nil, invalid("end_time", "must be after start_time (%s), got %s",
+		return statsWindow{}, invalid("end_time", "must be after start_time (%s), got %s",
 			q.Start.UTC().Format(time.RFC3339Nano), end.UTC().Format(time.RFC3339Nano))
 	}
 	iv := q.Interval
@@ -50,27 +75,35 @@ func (s *Store) Stats(ctx context.Context, sensorID string, q StatsQuery) ([]Int
 		iv = time.Hour
 	}
 	if iv < time.Second || iv%time.Millisecond != 0 {
-		return nil, invalid("interval", "must be a whole number of milliseconds, at least 1s, got %s", iv)
+		return statsWindow{}, invalid("interval", "must be a whole number of milliseconds, at least 1s, got %s", iv)
 	}
-	S, E0, I := clampMS(q.Start), clampMS(end), iv.Milliseconds()
-	if E0 <= S {
-		return nil, invalid("start_time", "outside the stored time range")
+	w := statsWindow{start: clampMS(q.Start), end: clampMS(end), step: iv.Milliseconds()}
+	if w.end <= w.start {
+		return statsWindow{}, invalid("start_time", "outside the stored time range")
 	}
-	n := (E0 - S + I - 1) / I
-	if n > MaxIntervals {
-		return nil, invalid("interval", "%s cuts the range into %d intervals; at most %d", iv, n, MaxIntervals)
+	w.n = (w.end - w.start + w.step - 1) / w.step
+	if w.n > MaxIntervals {
+		return statsWindow{}, invalid("interval", "%s cuts the range into %d intervals; at most %d", iv, w.n, MaxIntervals)
 	}
-	out := make([]Interval, n)
-	for k := range out {
-		out[k].Start = time.UnixMilli(S + int64(k)*I).UTC()
-		out[k].End = time.UnixMilli(min(S+int64(k+1)*I, E0)).UTC()
-	}
-	// Time spans stop at now: the future is not yet closed, open or lost.
-	E := min(E0, clampMS(now))
-	sensor := quote(sensorID)
-	in := fmt.Sprintf("sensor_id = %s AND time >= toDateTime(%d) AND time <= toDateTime(%d) AND %s >= %d AND %s < %d",
-		sensor, S/1000, (E0-1)/1000, tmsExpr, S, tmsExpr, E0)
+	w.spanEnd = min(w.end, clampMS(now))
+	return w, nil
+}
 
+// intervals are the window's intervals, their statistics still zero.
+func (w statsWindow) intervals() []Interval {
+	out := make([]Interval, w.n)
+	for k := range out {
+		out[k].Start = time.UnixMilli(w.start + int64(k)*w.step).UTC()
+		out[k].End = time.UnixMilli(min(w.start+int64(k+1)*w.step, w.end)).UTC()
+	}
+	return out
+}
+
+// statsCounts fills in each interval's readings and state changes.
+func (s *Store) statsCounts(ctx context.Context, sensorID string, w statsWindow, out []Interval) error {
+	S, E0, I := w.start, w.end, w.step
+	in := fmt.Sprintf("sensor_id = %s AND time >= toDateTime(%d) AND time <= toDateTime(%d) AND %s >= %d AND %s < %d",
+		quote(sensorID), S/1000, (E0-1)/1000, tmsExpr, S, tmsExpr, E0)
 	counts := func(what, sql string, set func(iv *Interval, v uint64)) error {
 		rows, err := s.ch.Query(ctx, sql)
 		if err != nil {
@@ -83,7 +116,7 @@ func (s *Store) Stats(ctx context.Context, sensorID string, q StatsQuery) ([]Int
 			if err := rows.Scan(&k, &v); err != nil {
 				return fmt.Errorf("history: stats of %s: %s: %w", sensorID, what, err)
 			}
-			if k >= 0 && k < n {
+			if k >= 0 && k < w.n {
 				set(&out[k], v)
 			}
 		}
@@ -95,20 +128,48 @@ func (s *Store) Stats(ctx context.Context, sensorID string, q StatsQuery) ([]Int
 	bucket := fmt.Sprintf("toInt64(intDiv(%s - %d, %d))", tmsExpr, S, I)
 	if err := counts("readings", "SELECT "+bucket+" AS k, toUInt64(uniqExact(seq, received, received_ms)) FROM readings WHERE "+in+" GROUP BY k",
 		func(iv *Interval, v uint64) { iv.Readings = int64(v) }); err != nil {
-		return nil, err
+		return err
 	}
-	if err := counts("state changes", "SELECT "+bucket+" AS k, toUInt64(uniqExact(event_id)) FROM events WHERE "+in+
+	return counts("state changes", "SELECT "+bucket+" AS k, toUInt64(uniqExact(event_id)) FROM events WHERE "+in+
 		" AND type = 'state_changed' GROUP BY k",
-		func(iv *Interval, v uint64) { iv.StateChanges = int64(v) }); err != nil {
-		return nil, err
+		func(iv *Interval, v uint64) { iv.StateChanges = int64(v) })
+}
+
+// statsSpans fills in how long each interval the sensor was closed, open and lost.
+func (s *Store) statsSpans(ctx context.Context, sensorID string, w statsWindow, out []Interval) error {
+	rows, err := s.ch.Query(ctx, spansSQL(quote(sensorID), w))
+	if err != nil {
+		return fmt.Errorf("history: stats of %s: time spans: %w", sensorID, err)
 	}
-	if E <= S {
-		return out, nil
+	defer rows.Close()
+	for rows.Next() {
+		var k int64
+		var closed, open, lost uint64
+		if err := rows.Scan(&k, &closed, &open, &lost); err != nil {
+			return fmt.Errorf("history: stats of %s: time spans: %w", sensorID, err)
+		}
+		if k >= 0 && k < w.n {
+			out[k].Closed = time.Duration(closed) * time.Millisecond
+			out[k].Open = time.Duration(open) * time.Millisecond
+			out[k].Lost = time.Duration(lost) * time.Millisecond
+		}
 	}
-	// The state timeline: the last event before S (the state at S) and the events in [S, E),
-	// de-duplicated, ordered by revision (the sensor's own event order; times from sensor
-	// clocks and server clocks may interleave). Segment i runs from event i to event i+1 (or
-	// E) with event i's state; each segment is cut at interval edges and summed per interval.
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("history: stats of %s: time spans: %w", sensorID, err)
+	}
+	return nil
+}
+
+// spansSQL is the query of the closed, open and lost milliseconds per interval k of the
+// sensor (quoted).
+//
+// The state timeline: the last event before the start (the state at the start) and the
+// events in [start, spanEnd), de-duplicated, ordered by revision (the sensor's own event
+// order; times from sensor clocks and server clocks may interleave). Segment i runs from
+// event i to event i+1 (or spanEnd) with event i's state; each segment is cut at interval
+// edges and summed per interval.
+func spansSQL(sensor string, w statsWindow) string {
+	S, E, I := w.start, w.spanEnd, w.step
 	const typed = "type IN ('state_changed', 'connection_lost', 'connection_restored')"
 	timeline := fmt.Sprintf(`
 SELECT
@@ -132,7 +193,7 @@ SELECT arrayJoin(arrayEnumerate(ts)) AS i,
     least(if(i < length(ts), greatest(ts[i + 1], ts[i]), toInt64(%[2]d)), toInt64(%[2]d)) AS t,
     ds[i] AS d, ls[i] AS l
 FROM (%[3]s)`, S, E, timeline)
-	spans := fmt.Sprintf(`
+	return fmt.Sprintf(`
 SELECT k,
     toUInt64(sumIf(ov, l = 0 AND d = 1)) AS closed,
     toUInt64(sumIf(ov, l = 0 AND d = 0)) AS open,
@@ -145,25 +206,4 @@ FROM (
     WHERE t > f
 )
 GROUP BY k`, S, I, segments)
-	rows, err := s.ch.Query(ctx, spans)
-	if err != nil {
-		return nil, fmt.Errorf("history: stats of %s: time spans: %w", sensorID, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k int64
-		var closed, open, lost uint64
-		if err := rows.Scan(&k, &closed, &open, &lost); err != nil {
-			return nil, fmt.Errorf("history: stats of %s: time spans: %w", sensorID, err)
-		}
-		if k >= 0 && k < n {
-			out[k].Closed = time.Duration(closed) * time.Millisecond
-			out[k].Open = time.Duration(open) * time.Millisecond
-			out[k].Lost = time.Duration(lost) * time.Millisecond
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("history: stats of %s: time spans: %w", sensorID, err)
-	}
-	return out, nil
 }

@@ -120,86 +120,17 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	if err := ch.Confirm(false); err != nil {
 		return Books{}, err
 	}
-	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
-	silent := int(float64(c.Sensors) * c.SilentRatio)
-	b := Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors), Start: time.Now()}
-	for n := range silent {
-		b.Silent = append(b.Silent, SensorID(c.Prefix, n))
-	}
-	for id, d := range c.Last {
-		b.Last[id] = d
-	}
-
-	live := c.Live
-	if live == nil {
-		live = new(Live)
-	}
-	published := &live.Published
-	base := published.Load()
-	// The invalid messages and the changes are counted in live only (they may carry counts
-	// of an earlier run); the books take this run's share of them.
-	baseInvalid, baseChanges := live.Invalid.Load(), live.Changes.Load()
-	books := func() Books {
-		b.Invalid, b.Changes = live.Invalid.Load()-baseInvalid, live.Changes.Load()-baseChanges
-		return b
-	}
+	g := newGenerator(c, ch)
 	stopProgress := make(chan struct{})
 	defer close(stopProgress)
 	if progress != nil {
-		go func() {
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			last, lastT := int64(0), time.Now()
-			for {
-				select {
-				case <-stopProgress:
-					return
-				case now := <-t.C:
-					p := published.Load() - base
-					fmt.Fprintf(progress, "\rloadgen: %d published, %.0f/s, %s elapsed   ",
-						p, float64(p-last)/now.Sub(lastT).Seconds(), now.Sub(b.Start).Round(time.Second))
-					last, lastT = p, now
-				}
-			}
-		}()
+		go g.showProgress(progress, stopProgress)
 	}
 
-	// At most window messages are unconfirmed; when it is full the oldest is waited for, so
-	// RabbitMQ always has work (the bare publisher of internal/baseline does the same).
-	const window = 2000
-	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	confirmed := func(p *amqp.DeferredConfirmation) error {
-		ok, err := p.WaitContext(ctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return errors.New("loadgen: RabbitMQ refused a message (nack)")
-		}
-		published.Add(1)
-		return nil
-	}
-	flush := func() error {
-		for _, p := range pending {
-			if err := confirmed(p); err != nil {
-				return err
-			}
-		}
-		pending = pending[:0]
-		return nil
-	}
 	interval := time.Duration(float64(time.Second) / c.Rate)
 	next := time.Now()
-	var i, valid int64
-	deadline := b.Start.Add(c.Duration)
-	// Silent sensors report once, first; the rest go round-robin.
-	order := func(i int64) int {
-		if i < int64(silent) {
-			return int(i)
-		}
-		active := c.Sensors - silent
-		return silent + int((i-int64(silent))%int64(active))
-	}
+	var i int64
+	deadline := g.b.Start.Add(c.Duration)
 	for {
 		if c.Count > 0 && i >= c.Count || c.Count <= 0 && !time.Now().Before(deadline) {
 			break
@@ -208,55 +139,24 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 			break
 		}
 		if d := time.Until(next); d > 0 {
-			if len(pending) > 0 && d > time.Millisecond {
-				if err := flush(); err != nil {
-					return books(), err
+			if len(g.pending) > 0 && d > time.Millisecond {
+				if err := g.flush(ctx); err != nil {
+					return g.books(), err
 				}
 			}
 			time.Sleep(time.Until(next))
 		}
 		next = next.Add(interval)
-		now := time.Now().UTC()
-		var body []byte
-		if rng.Float64() < c.InvalidRatio {
-			body = fmt.Appendf(nil, `{"sensor_id":"bad sensor %d","data":1}`, i)
-			live.Invalid.Add(1)
-		} else {
-			id := SensorID(c.Prefix, order(valid))
-			valid++
-			prev, seen := b.Last[id]
-			d := prev
-			if !seen {
-				d = uint8(rng.IntN(2))
-				live.Changes.Add(1)
-			} else if rng.Float64() < c.ChangeRatio {
-				d = 1 - prev
-				live.Changes.Add(1)
-			}
-			b.Last[id], b.LastAt[id] = d, now
-			body = fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))
-		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", c.Queue, false, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: now,
-			MessageId: fmt.Sprintf("lg-%d-%d", c.Seed, i), Body: body,
-		})
-		if err != nil {
-			return books(), fmt.Errorf("loadgen: publish: %w", err)
-		}
-		pending = append(pending, dc)
-		if len(pending) == window {
-			if err := confirmed(pending[0]); err != nil {
-				return books(), err
-			}
-			pending = pending[1:]
+		if err := g.publish(ctx, i); err != nil {
+			return g.books(), err
 		}
 		i++
 	}
-	if err := flush(); err != nil {
-		return books(), err
+	if err := g.flush(ctx); err != nil {
+		return g.books(), err
 	}
-	b = books()
-	b.Published = published.Load() - base
+	b := g.books()
+	b.Published = g.live.Published.Load() - g.base
 	b.End = time.Now()
 	if progress != nil {
 		fmt.Fprintln(progress)
@@ -264,4 +164,148 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	log.Info("loadgen finished", "published", b.Published, "invalid", b.Invalid, "changes", b.Changes,
 		"rate", fmt.Sprintf("%.0f/s", float64(b.Published)/b.End.Sub(b.Start).Seconds()))
 	return b, nil
+}
+
+// confirmWindow is the most messages that are unconfirmed; when it is full the oldest is
+// waited for, so RabbitMQ always has work (the bare publisher of internal/baseline does the
+// same).
+const confirmWindow = 2000
+
+// generator is one run's publisher: the fleet's books so far and the publishes RabbitMQ has
+// yet to confirm.
+type generator struct {
+	c      Config
+	ch     *amqp.Channel
+	rng    *rand.Rand
+	silent int // the first silent sensors report once, first
+	b      Books
+	live   *Live
+	// The counts of live when the run began: live may carry counts of an earlier run.
+	base, baseInvalid, baseChanges int64
+	pending                        []*amqp.DeferredConfirmation
+	valid                          int64 // valid readings sent
+}
+
+func newGenerator(c Config, ch *amqp.Channel) *generator {
+	g := &generator{c: c, ch: ch, rng: rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15)),
+		silent: int(float64(c.Sensors) * c.SilentRatio), live: c.Live}
+	g.b = Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors), Start: time.Now()}
+	for n := range g.silent {
+		g.b.Silent = append(g.b.Silent, SensorID(c.Prefix, n))
+	}
+	for id, d := range c.Last {
+		g.b.Last[id] = d
+	}
+	if g.live == nil {
+		g.live = new(Live)
+	}
+	g.base = g.live.Published.Load()
+	g.baseInvalid, g.baseChanges = g.live.Invalid.Load(), g.live.Changes.Load()
+	g.pending = make([]*amqp.DeferredConfirmation, 0, confirmWindow)
+	return g
+}
+
+// books are the run's books so far. The invalid messages and the changes are counted in
+// live only; the books take this run's share of them.
+func (g *generator) books() Books {
+	g.b.Invalid, g.b.Changes = g.live.Invalid.Load()-g.baseInvalid, g.live.Changes.Load()-g.baseChanges
+	return g.b
+}
+
+// showProgress writes a line a second to w until stop is closed.
+func (g *generator) showProgress(w io.Writer, stop <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last, lastT := int64(0), time.Now()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			p := g.live.Published.Load() - g.base
+			fmt.Fprintf(w, "\rloadgen: %d published, %.0f/s, %s elapsed   ",
+				p, float64(p-last)/now.Sub(lastT).Seconds(), now.Sub(g.b.Start).Round(time.Second))
+			last, lastT = p, now
+		}
+	}
+}
+
+// publish sends message i, valid or not, and waits for the oldest confirm when the window
+// is full.
+func (g *generator) publish(ctx context.Context, i int64) error {
+	now := time.Now().UTC()
+	var body []byte
+	if g.rng.Float64() < g.c.InvalidRatio {
+		body = fmt.Appendf(nil, `{"sensor_id":"bad sensor %d","data":1}`, i)
+		g.live.Invalid.Add(1)
+	} else {
+		body = g.reading(now)
+	}
+	dc, err := g.ch.PublishWithDeferredConfirmWithContext(ctx, "", g.c.Queue, false, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: now,
+		MessageId: fmt.Sprintf("lg-%d-%d", g.c.Seed, i), Body: body,
+	})
+	if err != nil {
+		return fmt.Errorf("loadgen: publish: %w", err)
+	}
+	g.pending = append(g.pending, dc)
+	if len(g.pending) == confirmWindow {
+		if err := g.confirmed(ctx, g.pending[0]); err != nil {
+			return err
+		}
+		g.pending = g.pending[1:]
+	}
+	return nil
+}
+
+// reading is the next valid reading, of the next sensor in turn: its first one is random,
+// a later one differs from its last with ChangeRatio.
+func (g *generator) reading(now time.Time) []byte {
+	id := SensorID(g.c.Prefix, g.sensor(g.valid))
+	g.valid++
+	prev, seen := g.b.Last[id]
+	d := prev
+	if !seen {
+		d = uint8(g.rng.IntN(2))
+		g.live.Changes.Add(1)
+	} else if g.rng.Float64() < g.c.ChangeRatio {
+		d = 1 - prev
+		g.live.Changes.Add(1)
+	}
+	g.b.Last[id], g.b.LastAt[id] = d, now
+	return fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))
+}
+
+// sensor is the number of the sensor of valid reading i: silent sensors report once,
+// first; the rest go round-robin.
+func (g *generator) sensor(i int64) int {
+	if i < int64(g.silent) {
+		return int(i)
+	}
+	active := g.c.Sensors - g.silent
+	return g.silent + int((i-int64(g.silent))%int64(active))
+}
+
+// confirmed waits for RabbitMQ's confirm of p and counts it published.
+func (g *generator) confirmed(ctx context.Context, p *amqp.DeferredConfirmation) error {
+	ok, err := p.WaitContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("loadgen: RabbitMQ refused a message (nack)")
+	}
+	g.live.Published.Add(1)
+	return nil
+}
+
+// flush waits for every pending confirm.
+func (g *generator) flush(ctx context.Context) error {
+	for _, p := range g.pending {
+		if err := g.confirmed(ctx, p); err != nil {
+			return err
+		}
+	}
+	g.pending = g.pending[:0]
+	return nil
 }

@@ -90,70 +90,14 @@ type capacity struct {
 func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
 	leasedAt := time.Now()
-	// A nil slice is SQL NULL, and x = ANY(NULL) is never false.
-	busy, fc, fr := c.busy, c.freeClient, c.free
-	if busy == nil {
-		busy = []string{}
-	}
-	if fc == nil {
-		fc, fr = []string{}, []int32{}
-	}
 	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
-		// JIT off, in the same round trip: the planner's estimate for this statement (a subplan
-		// per row on every partition) passes jit_above_cost, and compiling it cost far more
-		// than the query, which runs in milliseconds.
-		// Sorts off: the window must be read in the due index's order (a merge of the
-		// partitions' scans), so that the unblocked test runs on the rows up to the window's
-		// end only. Estimating the pending rows few (without statistics, or with ones from
-		// before a backlog), the planner tested every pending row and sorted them instead, so
-		// that each claim grew with the backlog (several times the buffers read per claim).
-		// The sorts above the window have no alternative and stay.
-		// Generic plans: the statements' shapes no longer depend on the table's contents,
-		// and planning them afresh for each claim, which the planner chose, about doubled
-		// BenchmarkLatency's median. Sequential scans off for
-		// the UPDATE: its generic plan, made once per connection and kept, scanned whole the
-		// partitions that were nearly empty when it was made (seen), instead of by TID.
 		b := &pgx.Batch{}
-		// The commit does not wait for its WAL flush (synchronous_commit off): a lease lost
-		// with a Postgres crash only makes its row claimable again, which a crash between an
-		// attempt and its recorded outcome does anyway (at least once), and the flush is one
-		// more wait on every webhook's way.
-		b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true),
-			set_config('plan_cache_mode', 'force_generic_plan', true), set_config('synchronous_commit', 'off', true)`)
-		b.Queue(`
-			WITH narrow AS MATERIALIZED (`+rankedWindow("$3")+`),
-			     wide AS MATERIALIZED (`+rankedWindow("$4")+`)
-			SELECT id, sensor_id FROM (
-				SELECT id, client_id, sensor_id FROM (
-					SELECT * FROM narrow WHERE NOT EXISTS (SELECT 1 FROM narrow WHERE rn > free)
-					UNION ALL
-					SELECT * FROM wide WHERE EXISTS (SELECT 1 FROM narrow WHERE rn > free)
-				) d
-				WHERE rn <= free
-				ORDER BY next_at, id LIMIT $3
-			) x
-			WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
-			busy, c.perClient, limit, 4*limit, fc, fr)
-		b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
+		queueCandidates(b, c, limit)
 		var ids []int64
 		var sensors []string
 		err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
-			var id int64
-			var sensor string
-			if _, err := pgx.ForEachRow(rows, []any{&id, &sensor}, func() error {
-				ids, sensors = append(ids, id), append(sensors, sensor)
-				return nil
-			}); err != nil {
-				return err
-			}
-			_, err = br.Exec() // sequential scans off, for the UPDATE
+			var err error
+			ids, sensors, err = readCandidates(br)
 			return err
 		})
 		if err != nil {
@@ -173,6 +117,76 @@ func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
 	return out, nil
+}
+
+// queueCandidates queues claim's first statement, which picks up to limit candidates within
+// c and takes their keys' advisory locks, between the settings it runs under (read by
+// readCandidates).
+func queueCandidates(b *pgx.Batch, c capacity, limit int) {
+	// A nil slice is SQL NULL, and x = ANY(NULL) is never false.
+	busy, fc, fr := c.busy, c.freeClient, c.free
+	if busy == nil {
+		busy = []string{}
+	}
+	if fc == nil {
+		fc, fr = []string{}, []int32{}
+	}
+	// JIT off, in the same round trip: the planner's estimate for this statement (a subplan
+	// per row on every partition) passes jit_above_cost, and compiling it cost far more
+	// than the query, which runs in milliseconds.
+	// Sorts off: the window must be read in the due index's order (a merge of the
+	// partitions' scans), so that the unblocked test runs on the rows up to the window's
+	// end only. Estimating the pending rows few (without statistics, or with ones from
+	// before a backlog), the planner tested every pending row and sorted them instead, so
+	// that each claim grew with the backlog (several times the buffers read per claim).
+	// The sorts above the window have no alternative and stay.
+	// Generic plans: the statements' shapes no longer depend on the table's contents,
+	// and planning them afresh for each claim, which the planner chose, about doubled
+	// BenchmarkLatency's median. Sequential scans off for
+	// the UPDATE: its generic plan, made once per connection and kept, scanned whole the
+	// partitions that were nearly empty when it was made (seen), instead of by TID.
+	// The commit does not wait for its WAL flush (synchronous_commit off): a lease lost
+	// with a Postgres crash only makes its row claimable again, which a crash between an
+	// attempt and its recorded outcome does anyway (at least once), and the flush is one
+	// more wait on every webhook's way.
+	b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true),
+		set_config('plan_cache_mode', 'force_generic_plan', true), set_config('synchronous_commit', 'off', true)`)
+	b.Queue(`
+		WITH narrow AS MATERIALIZED (`+rankedWindow("$3")+`),
+		     wide AS MATERIALIZED (`+rankedWindow("$4")+`)
+		SELECT id, sensor_id FROM (
+			SELECT id, client_id, sensor_id FROM (
+				SELECT * FROM narrow WHERE NOT EXISTS (SELECT 1 FROM narrow WHERE rn > free)
+				UNION ALL
+				SELECT * FROM wide WHERE EXISTS (SELECT 1 FROM narrow WHERE rn > free)
+			) d
+			WHERE rn <= free
+			ORDER BY next_at, id LIMIT $3
+		) x
+		WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
+		busy, c.perClient, limit, 4*limit, fc, fr)
+	b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
+}
+
+// readCandidates reads what queueCandidates queued: the candidates' ids and sensors.
+func readCandidates(br pgx.BatchResults) (ids []int64, sensors []string, err error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	var id int64
+	var sensor string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &sensor}, func() error {
+		ids, sensors = append(ids, id), append(sensors, sensor)
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	_, err = br.Exec() // sequential scans off, for the UPDATE
+	return ids, sensors, err
 }
 
 // unlease gives back rows claimed but not attempted (no slot, or shutting down).

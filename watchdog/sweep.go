@@ -75,16 +75,46 @@ func (w *Watchdog) Sweep(ctx context.Context) (repairs int, err error) {
 	if err != nil {
 		return 0, err
 	}
+	suspects, err := w.suspects(ctx, owned, applied, keys)
+	if err != nil {
+		return 0, err
+	}
+	if len(suspects) == 0 {
+		return 0, nil
+	}
+	kvs, err := w.js.Stream(ctx, kvStream)
+	if err != nil {
+		return 0, fmt.Errorf("liveness bucket: %w", err)
+	}
+	for _, s := range suspects {
+		repaired, err := w.repair(ctx, kvs, s)
+		if repaired {
+			repairs++
+			perPart[s.part]++
+		}
+		if err != nil {
+			return repairs, err
+		}
+	}
+	return repairs, nil
+}
+
+// suspect is an online sensor of sensor_state whose liveness key the snapshot found
+// missing or older than its last reading.
+type suspect struct {
+	part     int
+	sensor   string
+	lastSeen time.Time
+	lastSeq  uint64
+}
+
+// suspects lists the online sensors of the owned partitions whose key in the snapshot keys
+// differs from sensor_state, among those whose last sequence is within applied.
+func (w *Watchdog) suspects(ctx context.Context, owned partition.Set, applied map[int]uint64, keys map[string]keyState) ([]suspect, error) {
 	rows, err := w.pg.Query(ctx, `SELECT sensor_id, partition, last_seen, last_seq FROM sensor_state
 		WHERE connection = 'online' AND partition = ANY($1)`, []int(owned))
 	if err != nil {
-		return 0, fmt.Errorf("read sensor_state: %w", err)
-	}
-	type suspect struct {
-		part     int
-		sensor   string
-		lastSeen time.Time
-		lastSeq  uint64
+		return nil, fmt.Errorf("read sensor_state: %w", err)
 	}
 	var suspects []suspect
 	for rows.Next() {
@@ -93,7 +123,7 @@ func (w *Watchdog) Sweep(ctx context.Context) (repairs int, err error) {
 		var p int
 		if err := rows.Scan(&s.sensor, &p, &s.lastSeen, &seq); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("read sensor_state: %w", err)
+			return nil, fmt.Errorf("read sensor_state: %w", err)
 		}
 		s.lastSeq = uint64(seq)
 		s.part = p
@@ -110,50 +140,46 @@ func (w *Watchdog) Sweep(ctx context.Context) (repairs int, err error) {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read sensor_state: %w", err)
+		return nil, fmt.Errorf("read sensor_state: %w", err)
 	}
-	if len(suspects) == 0 {
-		return 0, nil
-	}
-	kvs, err := w.js.Stream(ctx, kvStream)
-	if err != nil {
-		return 0, fmt.Errorf("liveness bucket: %w", err)
-	}
-	for _, s := range suspects {
-		// Look again: a reading may have refreshed it since the snapshot.
-		var rev uint64
-		m, err := kvs.GetLastMsgForSubject(ctx, w.kvSubject(s.sensor))
-		switch {
-		case err == nil:
-			if m.Header.Get(jetstream.MarkerReasonHeader) != "" {
-				continue // an expiry: the expiry path settles it
-			}
-			var v keyValue
-			if json.Unmarshal(m.Data, &v) == nil && v.ReceivedNS/1000 >= s.lastSeen.UnixMicro()-coalesceSlack(w.lostAfter(s.sensor)).Microseconds() {
-				continue
-			}
-			rev = m.Sequence
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-		default:
-			return repairs, fmt.Errorf("liveness key %s: %w", s.sensor, err)
+	return suspects, nil
+}
+
+// repair looks at the suspect's key again (a reading may have refreshed it since the
+// snapshot) and, when it still differs, recreates it with the TTL left from last_seen, or
+// makes it an expiry candidate when none is left. It says whether it counts as a repair
+// (also when the recreation then failed).
+func (w *Watchdog) repair(ctx context.Context, kvs jetstream.Stream, s suspect) (bool, error) {
+	var rev uint64
+	m, err := kvs.GetLastMsgForSubject(ctx, w.kvSubject(s.sensor))
+	switch {
+	case err == nil:
+		if m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+			return false, nil // an expiry: the expiry path settles it
 		}
-		repairs++
-		perPart[s.part]++
-		w.m.repairs.Inc()
-		left := w.lostAfter(s.sensor) - time.Since(s.lastSeen)
-		w.log.Warn("reconciliation: liveness key differed from sensor_state; repaired",
-			"sensor", s.sensor, "last_seen", s.lastSeen, "last_seq", s.lastSeq, "key_revision", rev, "left", left)
-		if left <= 0 {
-			w.addCandidate(s.sensor, candidate{rev: rev, expect: true, at: w.clock.Now()})
-			continue
+		var v keyValue
+		if json.Unmarshal(m.Data, &v) == nil && v.ReceivedNS/1000 >= s.lastSeen.UnixMicro()-coalesceSlack(w.lostAfter(s.sensor)).Microseconds() {
+			return false, nil
 		}
-		_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(s.sensor), Data: encodeValue(s.lastSeen, s.lastSeq, false), Header: nats.Header{}},
-			jetstream.WithMsgTTL(ttlFor(left)), jetstream.WithExpectLastSequencePerSubject(rev))
-		if err != nil && !isWrongLastSeq(err) {
-			return repairs, fmt.Errorf("repair liveness key %s: %w", s.sensor, err)
-		}
+		rev = m.Sequence
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	default:
+		return false, fmt.Errorf("liveness key %s: %w", s.sensor, err)
 	}
-	return repairs, nil
+	w.m.repairs.Inc()
+	left := w.lostAfter(s.sensor) - time.Since(s.lastSeen)
+	w.log.Warn("reconciliation: liveness key differed from sensor_state; repaired",
+		"sensor", s.sensor, "last_seen", s.lastSeen, "last_seq", s.lastSeq, "key_revision", rev, "left", left)
+	if left <= 0 {
+		w.addCandidate(s.sensor, candidate{rev: rev, expect: true, at: w.clock.Now()})
+		return true, nil
+	}
+	_, err = w.js.PublishMsg(ctx, &nats.Msg{Subject: w.kvSubject(s.sensor), Data: encodeValue(s.lastSeen, s.lastSeq, false), Header: nats.Header{}},
+		jetstream.WithMsgTTL(ttlFor(left)), jetstream.WithExpectLastSequencePerSubject(rev))
+	if err != nil && !isWrongLastSeq(err) {
+		return true, fmt.Errorf("repair liveness key %s: %w", s.sensor, err)
+	}
+	return true, nil
 }
 
 // snapshotKeys reads the newest message of every key of the owned partitions.

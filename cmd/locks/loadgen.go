@@ -69,6 +69,8 @@ func (s loadgenStatus) String() string {
 	return line
 }
 
+// runLoadgen is `locks loadgen`: it publishes the simulated fleet's readings, waits for the
+// books to balance, and reports what does not.
 func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdout io.Writer, log *slog.Logger) error {
 	lg := &o.cfg
 	lg.AMQPURL, lg.Queue = cfg.AMQPURL, cfg.AMQPQueue
@@ -78,75 +80,30 @@ func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdou
 	if err := lg.Validate(); err != nil {
 		return &config.Error{Var: "loadgen", Value: "", Reason: err.Error()}
 	}
-	var rec *loadgen.Recorder
-	var bridgeURLs []string
-	if o.metricsURL != "none" {
-		if o.metricsURL == "" {
-			o.metricsURL = "http://" + cfg.HTTPAddr + "/metrics"
-		}
-		bridgeURLs = strings.Split(o.metricsURL, ",")
-		var err error
-		if rec, err = loadgen.NewRecorder(ctx, bridgeURLs); err != nil {
-			return fmt.Errorf("%w (--metrics-url: the /metrics of the process running the bridge, or none)", err)
-		}
+	w := &loadWatch{silent: int64(float64(lg.Sensors) * lg.SilentRatio), live: &loadgen.Live{}}
+	bridgeURLs, err := w.openRecorder(ctx, cfg, o)
+	if err != nil {
+		return err
 	}
-	var rcv *loadgen.Receiver
-	if o.webhooks {
-		if o.apiURL == "" {
-			o.apiURL = "http://" + cfg.HTTPAddr
-		}
-		if o.apiToken == "" && len(cfg.APITokens) > 0 {
-			o.apiToken = cfg.APITokens[0]
-		}
-		var err error
-		if rcv, err = loadgen.NewReceiver(o.listen); err != nil {
-			return err
-		}
-		defer rcv.Close()
-		fmt.Fprintf(stdout, "registering %d sensors and a client for %s through %s…\n", lg.Sensors, rcv.URL(), o.apiURL)
-		if err := rcv.Register(ctx, o.apiURL, o.apiToken, lg.Prefix, lg.Sensors); err != nil {
-			return err
-		}
+	if err := w.openReceiver(ctx, cfg, o, stdout); err != nil {
+		return err
 	}
-	silent := int64(float64(lg.Sensors) * lg.SilentRatio)
-	live := &loadgen.Live{}
-	lg.Live = live
-	status := func() loadgenStatus {
-		s := loadgenStatus{published: live.Published.Load(), invalid: live.Invalid.Load(), changes: live.Changes.Load(),
-			recorded: -1, received: -1}
-		if rec != nil {
-			if r, err := rec.Read(ctx); err == nil {
-				s.recorded = r.Recorded
-			}
-		}
-		if rcv != nil {
-			t := rcv.Tally()
-			s.received, s.dups, s.lost = t.Received, t.Duplicates, int64(len(t.Lost))
-			s.missing = max(s.changes-t.ByType["sensor.state_changed"], 0) + max(silent-int64(len(t.Lost)), 0)
-		}
-		return s
+	if w.rcv != nil {
+		defer w.rcv.Close()
 	}
+	lg.Live = w.live
 
 	sctx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
 	// With the whole system in one process (locks run --targets=all), the state projector's
 	// counters are on the same /metrics as the bridge's.
-	sampler := &loadgen.Sampler{Live: live, BridgeURLs: bridgeURLs, StateURLs: bridgeURLs, Receiver: rcv}
+	sampler := &loadgen.Sampler{Live: w.live, BridgeURLs: bridgeURLs, StateURLs: bridgeURLs, Receiver: w.rcv}
 	samplerDone := make(chan struct{})
 	go func() { sampler.Run(sctx); close(samplerDone) }()
 	progressDone := make(chan struct{})
 	go func() {
 		defer close(progressDone)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-				fmt.Fprintf(stdout, "\r%s   ", status())
-			}
-		}
+		w.progress(ctx, sctx.Done(), stdout)
 	}()
 
 	books, err := loadgen.Run(ctx, *lg, nil, log)
@@ -158,23 +115,124 @@ func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdou
 		books.Published, books.Invalid, el.Round(time.Millisecond), float64(books.Published)/el.Seconds(),
 		books.Changes, len(books.Silent))
 
-	// Wait for the books to balance: every valid reading recorded, every change notified,
-	// and the silent sensors' lost events after lost_after.
+	// The silent sensors' lost events come after lost_after.
 	lostBy := books.Start.Add(cfg.LostAfter).Add(o.settle)
 	deadline := time.Now().Add(o.settle)
-	if rcv != nil && len(books.Silent) > 0 && lostBy.After(deadline) {
+	if w.rcv != nil && len(books.Silent) > 0 && lostBy.After(deadline) {
 		deadline = lostBy
 	}
+	recorded, recErr := w.settle(ctx, books, deadline)
+	stopSampler()
+	<-progressDone
+	<-samplerDone
+	fmt.Fprintf(stdout, "\r%s\n", w.status(ctx))
+	if o.series != "" {
+		if err := writeSeries(o.series, sampler.Samples()); err != nil {
+			return fmt.Errorf("--series: %w", err)
+		}
+	}
+	return w.report(stdout, books, recorded, recErr, cfg.LostAfter, !time.Now().Before(lostBy))
+}
+
+// loadWatch is how a load run sees the system: the bridge's counters (rec; nil with
+// --metrics-url=none), the webhook receiver (rcv; nil without --webhooks) and the
+// generator's own counts.
+type loadWatch struct {
+	rec    *loadgen.Recorder
+	rcv    *loadgen.Receiver
+	live   *loadgen.Live
+	silent int64 // sensors that report once and then go silent
+}
+
+// openRecorder reads the bridge's counters from --metrics-url (default this process's
+// /metrics) unless it is none, and returns the URLs it reads.
+func (w *loadWatch) openRecorder(ctx context.Context, cfg config.Config, o *loadgenOptions) ([]string, error) {
+	if o.metricsURL == "none" {
+		return nil, nil
+	}
+	if o.metricsURL == "" {
+		o.metricsURL = "http://" + cfg.HTTPAddr + "/metrics"
+	}
+	bridgeURLs := strings.Split(o.metricsURL, ",")
+	var err error
+	if w.rec, err = loadgen.NewRecorder(ctx, bridgeURLs); err != nil {
+		return nil, fmt.Errorf("%w (--metrics-url: the /metrics of the process running the bridge, or none)", err)
+	}
+	return bridgeURLs, nil
+}
+
+// openReceiver, with --webhooks, starts the webhook receiver and registers the fleet and a
+// client for it through the API.
+func (w *loadWatch) openReceiver(ctx context.Context, cfg config.Config, o *loadgenOptions, stdout io.Writer) error {
+	if !o.webhooks {
+		return nil
+	}
+	if o.apiURL == "" {
+		o.apiURL = "http://" + cfg.HTTPAddr
+	}
+	if o.apiToken == "" && len(cfg.APITokens) > 0 {
+		o.apiToken = cfg.APITokens[0]
+	}
+	rcv, err := loadgen.NewReceiver(o.listen)
+	if err != nil {
+		return err
+	}
+	lg := &o.cfg
+	fmt.Fprintf(stdout, "registering %d sensors and a client for %s through %s…\n", lg.Sensors, rcv.URL(), o.apiURL)
+	if err := rcv.Register(ctx, o.apiURL, o.apiToken, lg.Prefix, lg.Sensors); err != nil {
+		_ = rcv.Close()
+		return err
+	}
+	w.rcv = rcv
+	return nil
+}
+
+// status is the run's progress so far.
+func (w *loadWatch) status(ctx context.Context) loadgenStatus {
+	live := w.live
+	s := loadgenStatus{published: live.Published.Load(), invalid: live.Invalid.Load(), changes: live.Changes.Load(),
+		recorded: -1, received: -1}
+	if w.rec != nil {
+		if r, err := w.rec.Read(ctx); err == nil {
+			s.recorded = r.Recorded
+		}
+	}
+	if w.rcv != nil {
+		t := w.rcv.Tally()
+		s.received, s.dups, s.lost = t.Received, t.Duplicates, int64(len(t.Lost))
+		s.missing = max(s.changes-t.ByType["sensor.state_changed"], 0) + max(w.silent-int64(len(t.Lost)), 0)
+	}
+	return s
+}
+
+// progress rewrites the status line every second until stop is closed.
+func (w *loadWatch) progress(ctx context.Context, stop <-chan struct{}, stdout io.Writer) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			fmt.Fprintf(stdout, "\r%s   ", w.status(ctx))
+		}
+	}
+}
+
+// settle waits until deadline at most for the books to balance: every valid reading
+// recorded, every change notified, every silent sensor lost. It returns the last count of
+// recorded readings.
+func (w *loadWatch) settle(ctx context.Context, books loadgen.Books, deadline time.Time) (loadgen.Recorded, error) {
 	var recorded loadgen.Recorded
 	var recErr error
 	for {
 		done := true
-		if rec != nil {
-			recorded, recErr = rec.Read(ctx)
+		if w.rec != nil {
+			recorded, recErr = w.rec.Read(ctx)
 			done = recErr == nil && recorded.Recorded+recorded.Invalid >= books.Published
 		}
-		if rcv != nil {
-			t := rcv.Tally()
+		if w.rcv != nil {
+			t := w.rcv.Tally()
 			done = done && t.ByType["sensor.state_changed"] >= books.Changes && int64(len(t.Lost)) >= int64(len(books.Silent))
 		}
 		if done || !time.Now().Before(deadline) || ctx.Err() != nil {
@@ -182,41 +240,31 @@ func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdou
 		}
 		time.Sleep(time.Second)
 	}
-	if rec != nil && recErr == nil {
+	if w.rec != nil && recErr == nil {
 		// Reached is not settled: a reading that is not the run's (another publisher on the
 		// queue) may have filled the count while one of the run's was still on its way.
 		time.Sleep(time.Second)
-		recorded, recErr = rec.Read(ctx)
+		recorded, recErr = w.rec.Read(ctx)
 	}
-	stopSampler()
-	<-progressDone
-	<-samplerDone
-	final := status()
-	fmt.Fprintf(stdout, "\r%s\n", final)
-	if o.series != "" {
-		f, err := os.Create(o.series)
-		if err != nil {
-			return fmt.Errorf("--series: %w", err)
-		}
-		err = errors.Join(loadgen.WriteSeries(f, sampler.Samples()), f.Close())
-		if err != nil {
-			return fmt.Errorf("--series: %w", err)
-		}
-	}
+	return recorded, recErr
+}
 
+// report prints every mismatch of the books (ErrUnbalanced) or that they balance.
+// silentDone says whether the silent sensors had time to be declared lost.
+func (w *loadWatch) report(stdout io.Writer, books loadgen.Books, recorded loadgen.Recorded, recErr error, lostAfter time.Duration, silentDone bool) error {
 	var problems []string
-	if rec != nil {
+	if w.rec != nil {
 		if recErr != nil {
 			problems = append(problems, recErr.Error())
 		} else {
 			problems = append(problems, loadgen.Balance(books, recorded)...)
 		}
 	}
-	if rcv != nil {
-		t := rcv.Tally()
+	if w.rcv != nil {
+		t := w.rcv.Tally()
 		fmt.Fprintf(stdout, "received: %v; duplicates %d; bad signatures %d; publish→webhook p50 %s p95 %s p99 %s\n",
 			t.ByType, t.Duplicates, t.BadSig, t.P50.Round(time.Millisecond), t.P95.Round(time.Millisecond), t.P99.Round(time.Millisecond))
-		problems = append(problems, loadgen.Check(books, t, cfg.LostAfter, !time.Now().Before(lostBy))...)
+		problems = append(problems, loadgen.Check(books, t, lostAfter, silentDone)...)
 	}
 	if len(problems) > 0 {
 		for _, p := range problems {
@@ -225,12 +273,21 @@ func runLoadgen(ctx context.Context, cfg config.Config, o *loadgenOptions, stdou
 		return loadgen.ErrUnbalanced
 	}
 	switch {
-	case rec != nil && rcv != nil:
+	case w.rec != nil && w.rcv != nil:
 		fmt.Fprintln(stdout, "the books balance: published = recorded + invalid; every expected notification received once, no false lost event")
-	case rec != nil:
+	case w.rec != nil:
 		fmt.Fprintln(stdout, "the books balance: published = recorded + invalid")
-	case rcv != nil:
+	case w.rcv != nil:
 		fmt.Fprintln(stdout, "the books balance: every expected notification received once, no false lost event (recorded not measured: --metrics-url=none)")
 	}
 	return nil
+}
+
+// writeSeries writes the per-second samples as CSV to the file at path.
+func writeSeries(path string, samples []loadgen.Sample) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(loadgen.WriteSeries(f, samples), f.Close())
 }

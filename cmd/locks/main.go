@@ -85,37 +85,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 
-	fs := flag.NewFlagSet("locks "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	vals := configFlags(fs, settingsOf(cmd)...)
-	var targets, partitions string
-	var lg *loadgenOptions
-	if cmd == "loadgen" {
-		lg = loadgenFlags(fs)
+	inv, code := parseInvocation(cmd, args, getenv, stderr)
+	if inv == nil {
+		return code
 	}
-	var rp *replayOptions
-	if cmd == "replay" {
-		rp = replayFlags(fs)
-	}
-	if cmd == "run" {
-		fs.StringVar(&targets, "targets", "all", "parts to run: all, or a comma list of "+allTargetsList())
-		fs.StringVar(&partitions, "partitions", "auto", "partitions this process owns: auto (state: its share, by leases; other parts: all), all, 0-7, 0,2,4, or i/k (the i-th of k shares)")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "locks %s: unexpected argument %q\n", cmd, fs.Arg(0))
-		return 2
-	}
-	cfg, err := config.Load(getenv, fs, vals)
-	if err != nil {
-		fmt.Fprintf(stderr, "locks: %v\n", err)
-		return 2
-	}
+	cfg := inv.cfg
 	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
 	if cmd == "nats-accounts" {
 		conf, err := natsx.AccountsConf(cfg.Partitions)
@@ -130,6 +104,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	var err error
 	switch cmd {
 	case "migrate":
 		err = migrate(ctx, cfg, true, true, log)
@@ -137,34 +112,91 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			err = declareNATS(ctx, cfg, log)
 		}
 	case "loadgen":
-		err = runLoadgen(ctx, cfg, lg, stdout, log)
+		err = runLoadgen(ctx, cfg, inv.lg, stdout, log)
 	case "replay":
-		err = runReplay(ctx, cfg, rp, stderr, log)
+		err = runReplay(ctx, cfg, inv.rp, stderr, log)
 	case "run":
 		var opts runOptions
-		if opts, err = parseRunOptions(targets, partitions, cfg); err != nil {
+		if opts, err = parseRunOptions(inv.targets, inv.partitions, cfg); err != nil {
 			fmt.Fprintf(stderr, "locks: %v\n", err)
 			return 2
 		}
-		if getenv("GOGC") == "" {
-			// The pipeline allocates a little per reading and keeps little: collecting less
-			// often trades some memory for CPU, which the servers beside it need. GOGC wins.
-			debug.SetGCPercent(runGCPercent)
-		}
-		if soft := setMemoryLimit(getenv, cgroupMemoryFiles); soft > 0 {
-			log.Info("memory limit from the cgroup (GOMEMLIMIT unset)", "soft_limit_mib", soft>>20)
-		}
-		err = runParts(ctx, cfg, opts, log)
+		err = runService(ctx, cfg, opts, getenv, log)
 	}
+	return exitStatus(err, stderr)
+}
+
+// invocation is a service command (run, migrate, loadgen, replay, nats-accounts) with its
+// configuration and the flags of its own.
+type invocation struct {
+	cfg                 config.Config
+	targets, partitions string          // run
+	lg                  *loadgenOptions // loadgen
+	rp                  *replayOptions  // replay
+}
+
+// parseInvocation reads cmd's flags and its configuration from args and getenv. When they
+// are wrong or --help was asked for, it returns no invocation and the exit status.
+func parseInvocation(cmd string, args []string, getenv func(string) string, stderr io.Writer) (*invocation, int) {
+	fs := flag.NewFlagSet("locks "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	vals := configFlags(fs, settingsOf(cmd)...)
+	inv := &invocation{}
+	if cmd == "loadgen" {
+		inv.lg = loadgenFlags(fs)
+	}
+	if cmd == "replay" {
+		inv.rp = replayFlags(fs)
+	}
+	if cmd == "run" {
+		fs.StringVar(&inv.targets, "targets", "all", "parts to run: all, or a comma list of "+allTargetsList())
+		fs.StringVar(&inv.partitions, "partitions", "auto", "partitions this process owns: auto (state: its share, by leases; other parts: all), all, 0-7, 0,2,4, or i/k (the i-th of k shares)")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0
+		}
+		return nil, 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "locks %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return nil, 2
+	}
+	cfg, err := config.Load(getenv, fs, vals)
 	if err != nil {
-		// One line naming what is wrong; the details are in the wrapped errors.
-		fmt.Fprintf(stderr, "locks: %s\n", oneLine(err))
-		if errors.Is(err, config.ErrUsage) {
-			return 2
-		}
-		return 1
+		fmt.Fprintf(stderr, "locks: %v\n", err)
+		return nil, 2
 	}
-	return 0
+	inv.cfg = cfg
+	return inv, 0
+}
+
+// runService is `locks run`: the chosen parts in this process, with the process's GC and
+// memory limit set for a long-running service.
+func runService(ctx context.Context, cfg config.Config, opts runOptions, getenv func(string) string, log *slog.Logger) error {
+	if getenv("GOGC") == "" {
+		// The pipeline allocates a little per reading and keeps little: collecting less
+		// often trades some memory for CPU, which the servers beside it need. GOGC wins.
+		debug.SetGCPercent(runGCPercent)
+	}
+	if soft := setMemoryLimit(getenv, cgroupMemoryFiles); soft > 0 {
+		log.Info("memory limit from the cgroup (GOMEMLIMIT unset)", "soft_limit_mib", soft>>20)
+	}
+	return runParts(ctx, cfg, opts, log)
+}
+
+// exitStatus reports err, if any, on stderr and says the command's exit status: 2 for bad
+// usage, 1 for any other failure.
+func exitStatus(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	// One line naming what is wrong; the details are in the wrapped errors.
+	fmt.Fprintf(stderr, "locks: %s\n", oneLine(err))
+	if errors.Is(err, config.ErrUsage) {
+		return 2
+	}
+	return 1
 }
 
 // runGCPercent is the GC target of `locks run` when GOGC is not set.

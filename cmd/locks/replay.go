@@ -46,60 +46,17 @@ func replayFlags(fs *flag.FlagSet) *replayOptions {
 // runReplay rebuilds a projection into shadow tables and swaps it in, showing progress on
 // stderr: one rewritten line on a terminal, log lines otherwise.
 func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr io.Writer, log *slog.Logger) error {
-	doState, doHistory := o.projection == state.Name || o.projection == "all", o.projection == projhistory.Name || o.projection == "all"
-	if !doState && !doHistory {
-		return &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
+	plan, err := o.plan()
+	if err != nil {
+		return err
 	}
-	if o.rebase && (doHistory || o.dropOld) {
-		return &config.Error{Var: "--rebase", Value: "true", Reason: "only with --projection=state, and not with --drop-old"}
+	st, err := openReplayStores(ctx, cfg, plan)
+	if err != nil {
+		return err
 	}
-	var fromTime time.Time
-	if o.fromTime != "" {
-		if o.fromSeq != 0 {
-			return &config.Error{Var: "--from-time", Value: o.fromTime, Reason: "--from-seq and --from-time exclude each other: give one"}
-		}
-		var err error
-		if fromTime, err = time.Parse(time.RFC3339Nano, o.fromTime); err != nil {
-			return &config.Error{Var: "--from-time", Value: o.fromTime, Reason: "want an RFC 3339 time such as 2026-11-22T10:00:00Z"}
-		}
-	}
-	var pool *pgxpool.Pool
-	if doState {
-		var err error
-		if pool, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
-			return fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
-		}
-		defer pool.Close()
-	}
-	var ch driver.Conn
-	if doHistory {
-		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
-		if err != nil {
-			return &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
-		}
-		if ch, err = clickhouse.Open(opts); err != nil {
-			return fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
-		}
-		defer ch.Close()
-	}
+	defer st.close()
 	if o.dropOld {
-		var names []string
-		if doState {
-			n, err := state.DropOld(ctx, pool)
-			if err != nil {
-				return err
-			}
-			names = append(names, n...)
-		}
-		if doHistory {
-			n, err := projhistory.DropOld(ctx, ch)
-			if err != nil {
-				return err
-			}
-			names = append(names, n...)
-		}
-		log.Info("dropped the tables replaced by earlier rebuilds", "tables", names)
-		return nil
+		return st.dropOld(ctx, plan, log)
 	}
 	embedded := cfg.NATSURL == ""
 	if embedded {
@@ -116,69 +73,174 @@ func runReplay(ctx context.Context, cfg config.Config, o *replayOptions, stderr 
 	if err != nil {
 		return err
 	}
-	if !fromTime.IsZero() {
-		if o.fromSeq, err = rebuild.ResolveFromTime(ctx, js, fromTime); err != nil {
+	if !plan.fromTime.IsZero() {
+		if o.fromSeq, err = rebuild.ResolveFromTime(ctx, js, plan.fromTime); err != nil {
 			return fmt.Errorf("--from-time=%s: %w", o.fromTime, err)
 		}
 		log.Info("--from-time resolved to the first READINGS message at or after it", "from_time", o.fromTime, "from_seq", o.fromSeq)
 	}
 	if o.rebase {
 		// The live state projector picks the rebased checkpoints up by itself.
-		_, err := state.Rebase(ctx, state.RebaseConfig{FromSeq: o.fromSeq}, state.RebuildDeps{JS: js, PG: pool, Logger: log})
+		_, err := state.Rebase(ctx, state.RebaseConfig{FromSeq: o.fromSeq}, state.RebuildDeps{JS: js, PG: st.pg, Logger: log})
 		return err
 	}
-	var tty *os.File
-	if f, ok := stderr.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			tty = f
-		}
-	}
-	progress := func(name string) func(rebuild.Progress) {
-		if tty == nil {
-			return nil // logged
-		}
-		return func(p rebuild.Progress) {
-			pct := 100.0
-			if p.Total > 0 {
-				pct = 100 * float64(p.Done) / float64(p.Total)
-			}
-			fmt.Fprintf(tty, "\rrebuild %s: %-8s %d/%d (%.1f%%) %.0f msg/s ETA %s   ",
-				name, p.Phase, p.Done, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
-		}
-	}
-	report := func(name string, res rebuild.Result, err error) error {
-		if tty != nil {
-			fmt.Fprintln(tty)
-		}
-		if err != nil {
-			return fmt.Errorf("rebuild %s: %w", name, err)
-		}
-		log.Info("replay done; the old tables are kept until `locks replay --drop-old`", "projection", name, "old", res.OldTable,
-			"applied", res.Applied, "events_checked", res.EventsChecked, "elapsed", res.Elapsed.Round(time.Millisecond),
-			"per_second", int64(float64(res.Applied)/max(res.Elapsed.Seconds(), 1e-9)))
-		return nil
-	}
-	if doState {
+	out := replayOutput{tty: terminal(stderr), log: log}
+	if plan.state {
 		r, err := state.NewRebuild(state.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, BatchSize: o.batch,
-			Progress: progress("state")}, state.RebuildDeps{JS: js, PG: pool, Logger: log})
+			Progress: out.progress("state")}, state.RebuildDeps{JS: js, PG: st.pg, Logger: log})
 		if err != nil {
 			return err
 		}
 		res, err := r.Run(ctx)
-		if err := report("state", res, err); err != nil {
+		if err := out.report("state", res, err); err != nil {
 			return err
 		}
 	}
-	if doHistory {
-		r, err := projhistory.NewRebuild(projhistory.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, Progress: progress("history")},
-			projhistory.RebuildDeps{JS: js, CH: ch, Logger: log})
+	if plan.history {
+		r, err := projhistory.NewRebuild(projhistory.RebuildConfig{PartitionCount: cfg.Partitions, FromSeq: o.fromSeq, Progress: out.progress("history")},
+			projhistory.RebuildDeps{JS: js, CH: st.ch, Logger: log})
 		if err != nil {
 			return err
 		}
 		res, err := r.Run(ctx)
-		if err := report("history", res, err); err != nil {
+		if err := out.report("history", res, err); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// replayPlan is what the flags of a replay ask for: the projections to rebuild, and the
+// time to start at (zero: --from-seq, or the stream's start).
+type replayPlan struct {
+	state, history bool
+	fromTime       time.Time
+}
+
+// plan checks the flags and says what they ask for.
+func (o *replayOptions) plan() (replayPlan, error) {
+	p := replayPlan{
+		state:   o.projection == state.Name || o.projection == "all",
+		history: o.projection == projhistory.Name || o.projection == "all",
+	}
+	if !p.state && !p.history {
+		return p, &config.Error{Var: "--projection", Value: o.projection, Reason: "want state, history or all"}
+	}
+	if o.rebase && (p.history || o.dropOld) {
+		return p, &config.Error{Var: "--rebase", Value: "true", Reason: "only with --projection=state, and not with --drop-old"}
+	}
+	if o.fromTime != "" {
+		if o.fromSeq != 0 {
+			return p, &config.Error{Var: "--from-time", Value: o.fromTime, Reason: "--from-seq and --from-time exclude each other: give one"}
+		}
+		var err error
+		if p.fromTime, err = time.Parse(time.RFC3339Nano, o.fromTime); err != nil {
+			return p, &config.Error{Var: "--from-time", Value: o.fromTime, Reason: "want an RFC 3339 time such as 2026-11-22T10:00:00Z"}
+		}
+	}
+	return p, nil
+}
+
+// replayStores are the databases of the projections a replay rebuilds: pg for state, ch for
+// history (each nil when not rebuilt).
+type replayStores struct {
+	pg *pgxpool.Pool
+	ch driver.Conn
+}
+
+// openReplayStores opens the databases plan needs.
+func openReplayStores(ctx context.Context, cfg config.Config, plan replayPlan) (st replayStores, err error) {
+	if plan.state {
+		if st.pg, err = pgxpool.New(ctx, cfg.PostgresURL); err != nil {
+			return st, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
+		}
+	}
+	if plan.history {
+		opts, err := clickhouse.ParseDSN(cfg.ClickHouseURL)
+		if err != nil {
+			st.close()
+			return replayStores{}, &config.Error{Var: "LOCKS_CLICKHOUSE_URL", Value: redact.URL(cfg.ClickHouseURL), Reason: redact.In(err.Error(), cfg.ClickHouseURL)}
+		}
+		if st.ch, err = clickhouse.Open(opts); err != nil {
+			st.close()
+			return replayStores{}, fmt.Errorf("LOCKS_CLICKHOUSE_URL=%s: %w", redact.URL(cfg.ClickHouseURL), redact.Error(err, cfg.ClickHouseURL))
+		}
+	}
+	return st, nil
+}
+
+func (st replayStores) close() {
+	if st.ch != nil {
+		_ = st.ch.Close()
+	}
+	if st.pg != nil {
+		st.pg.Close()
+	}
+}
+
+// dropOld is `locks replay --drop-old`: it drops the tables earlier rebuilds replaced.
+func (st replayStores) dropOld(ctx context.Context, plan replayPlan, log *slog.Logger) error {
+	var names []string
+	if plan.state {
+		n, err := state.DropOld(ctx, st.pg)
+		if err != nil {
+			return err
+		}
+		names = append(names, n...)
+	}
+	if plan.history {
+		n, err := projhistory.DropOld(ctx, st.ch)
+		if err != nil {
+			return err
+		}
+		names = append(names, n...)
+	}
+	log.Info("dropped the tables replaced by earlier rebuilds", "tables", names)
+	return nil
+}
+
+// terminal is w when it is a terminal, else nil.
+func terminal(w io.Writer) *os.File {
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			return f
+		}
+	}
+	return nil
+}
+
+// replayOutput shows a rebuild's progress: one rewritten line on tty, or (tty nil) the
+// rebuild's own log lines.
+type replayOutput struct {
+	tty *os.File
+	log *slog.Logger
+}
+
+// progress is the Progress callback of the rebuild of projection name.
+func (out replayOutput) progress(name string) func(rebuild.Progress) {
+	if out.tty == nil {
+		return nil // logged
+	}
+	return func(p rebuild.Progress) {
+		pct := 100.0
+		if p.Total > 0 {
+			pct = 100 * float64(p.Done) / float64(p.Total)
+		}
+		fmt.Fprintf(out.tty, "\rrebuild %s: %-8s %d/%d (%.1f%%) %.0f msg/s ETA %s   ",
+			name, p.Phase, p.Done, p.Total, pct, p.Rate, p.ETA.Round(time.Second))
+	}
+}
+
+// report ends the progress line and logs the rebuild's result, or returns its error.
+func (out replayOutput) report(name string, res rebuild.Result, err error) error {
+	if out.tty != nil {
+		fmt.Fprintln(out.tty)
+	}
+	if err != nil {
+		return fmt.Errorf("rebuild %s: %w", name, err)
+	}
+	out.log.Info("replay done; the old tables are kept until `locks replay --drop-old`", "projection", name, "old", res.OldTable,
+		"applied", res.Applied, "events_checked", res.EventsChecked, "elapsed", res.Elapsed.Round(time.Millisecond),
+		"per_second", int64(float64(res.Applied)/max(res.Elapsed.Seconds(), 1e-9)))
 	return nil
 }

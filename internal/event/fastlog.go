@@ -44,16 +44,7 @@ func decodeLogFast(b []byte) (m Log, ok bool) {
 			if !sok {
 				return m, false
 			}
-			switch string(key) {
-			case "kind":
-				m.Kind = string(s)
-			case "sensor_id":
-				m.SensorID = string(s)
-			case "origin":
-				m.Origin = string(s)
-			default:
-				m.MessageID = string(s)
-			}
+			*textField(&m, key) = string(s)
 		case "data":
 			n, nok := p.int(255)
 			if !nok {
@@ -67,14 +58,11 @@ func decodeLogFast(b []byte) (m Log, ok bool) {
 			}
 			m.LostAfter = time.Duration(n)
 		case "untracked":
-			switch {
-			case p.lit("true"):
-				m.Untracked = true
-			case p.lit("false"):
-				m.Untracked = false
-			default:
+			u, uok := p.bool()
+			if !uok {
 				return m, false
 			}
+			m.Untracked = u
 		case "time", "received_time":
 			start := p.i
 			if _, sok := p.str(); !sok {
@@ -96,14 +84,24 @@ func decodeLogFast(b []byte) (m Log, ok bool) {
 			return m, false
 		}
 		p.ws()
-		if p.byte(',') {
-			continue
+		if !p.byte(',') {
+			return m, p.byte('}') && p.end()
 		}
-		if p.byte('}') {
-			return m, p.end()
-		}
-		return m, false
 	}
+}
+
+// textField is the string field of m that key names: kind, sensor_id, origin or
+// message_id.
+func textField(m *Log, key []byte) *string {
+	switch string(key) {
+	case "kind":
+		return &m.Kind
+	case "sensor_id":
+		return &m.SensorID
+	case "origin":
+		return &m.Origin
+	}
+	return &m.MessageID
 }
 
 type fastParser struct {
@@ -137,6 +135,17 @@ func (p *fastParser) lit(s string) bool {
 		return true
 	}
 	return false
+}
+
+// bool reads true or false.
+func (p *fastParser) bool() (v, ok bool) {
+	switch {
+	case p.lit("true"):
+		return true, true
+	case p.lit("false"):
+		return false, true
+	}
+	return false, false
 }
 
 // end: only whitespace may follow the object.

@@ -148,36 +148,73 @@ func (w *shadowWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 // apply decides msgs with step, checks the events against EVENTS and writes the
 // changed rows and the checkpoint in one transaction.
 func (w *shadowWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx func(context.Context, func(pgx.Tx) error) error) error {
-	changed := map[string]row{}
-	var order []string
-	var evs []event.Event
-	var last uint64
-	var pending uint64
+	sb, err := w.decide(msgs)
+	if err != nil {
+		return err
+	}
+	if err := w.checkEvents(ctx, sb.evs, sb.last); err != nil {
+		return err
+	}
+	if err := w.write(ctx, sb, inTx); err != nil {
+		return fmt.Errorf("partition %d batch up to seq %d: %w", w.p, sb.last, err)
+	}
+	crashpoint.Hit(CrashRebuildAfterBatch)
+	if w.r.afterBatch != nil {
+		w.r.afterBatch()
+	}
+	for id, row := range sb.changed {
+		w.rows[id] = row
+	}
+	w.cp, w.pos = sb.last, sb.last
+	w.done.Add(uint64(len(msgs)))
+	w.pending.Store(sb.pending)
+	return nil
+}
+
+// shadowBatch is what a batch of messages makes of the shadow's rows: the changed rows (in
+// order of their first change), the events they derive, the batch's last sequence and the
+// messages still pending after it.
+type shadowBatch struct {
+	changed       map[string]row
+	order         []string
+	evs           []event.Event
+	last, pending uint64
+}
+
+// decide applies msgs, in order, to the partition's rows without writing them.
+func (w *shadowWorker) decide(msgs []jetstream.Msg) (shadowBatch, error) {
+	sb := shadowBatch{changed: map[string]row{}}
 	for _, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil {
-			return fmt.Errorf("message metadata: %w", err)
+			return sb, fmt.Errorf("message metadata: %w", err)
 		}
-		last, pending = md.Sequence.Stream, md.NumPending
+		sb.last, sb.pending = md.Sequence.Stream, md.NumPending
 		l, err := prepareLog(m.Subject(), m.Data(), w.r.cfg.PartitionCount)
 		if err != nil {
 			continue // set aside by the live projector
 		}
-		cur, ok := changed[l.SensorID]
+		cur, ok := sb.changed[l.SensorID]
 		if !ok {
 			cur, ok = w.rows[l.SensorID]
 		} else {
 			ok = true
 		}
 		var touched bool
-		cur, touched, evs = step(cur, ok, l, w.p, last, evs)
+		cur, touched, sb.evs = step(cur, ok, l, w.p, sb.last, sb.evs)
 		if touched {
-			if _, seen := changed[l.SensorID]; !seen {
-				order = append(order, l.SensorID)
+			if _, seen := sb.changed[l.SensorID]; !seen {
+				sb.order = append(sb.order, l.SensorID)
 			}
-			changed[l.SensorID] = cur
+			sb.changed[l.SensorID] = cur
 		}
 	}
+	return sb, nil
+}
+
+// checkEvents checks the re-derived events against EVENTS; mismatches are logged (the
+// first five) and fail the batch up to seq last.
+func (w *shadowWorker) checkEvents(ctx context.Context, evs []event.Event, last uint64) error {
 	var bad []error
 	for _, e := range evs {
 		if err := w.check.check(ctx, e); err != nil {
@@ -196,39 +233,30 @@ func (w *shadowWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fun
 		}
 		return fmt.Errorf("partition %d, READINGS up to seq %d: %d events: %w", w.p, last, len(bad), bad[0])
 	}
+	return nil
+}
+
+// write writes the batch's changed rows and the shadow's checkpoint in one transaction.
+func (w *shadowWorker) write(ctx context.Context, sb shadowBatch, inTx func(context.Context, func(pgx.Tx) error) error) error {
 	// Rows in w.rows are in the shadow (committed): updated in place (HOT, as the live
 	// projector does), the others inserted.
 	var upd, ins columns
-	for _, id := range order {
+	for _, id := range sb.order {
 		if _, ok := w.rows[id]; ok {
-			upd.add(id, w.p, changed[id])
+			upd.add(id, w.p, sb.changed[id])
 		} else {
-			ins.add(id, w.p, changed[id])
+			ins.add(id, w.p, sb.changed[id])
 		}
 	}
-	err := inTx(ctx, func(tx pgx.Tx) error {
+	return inTx(ctx, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		queueRows(b, ShadowTable, &upd, &ins)
 		b.Queue(`INSERT INTO checkpoints (projection, partition, seq, stream) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (projection, partition) DO UPDATE SET seq = excluded.seq, stream = excluded.stream, updated_at = now()`,
-			ShadowName, w.p, int64(last), w.r.pos.id)
+			ShadowName, w.p, int64(sb.last), w.r.pos.id)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("write %s: %w", ShadowTable, err)
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("partition %d batch up to seq %d: %w", w.p, last, err)
-	}
-	crashpoint.Hit(CrashRebuildAfterBatch)
-	if w.r.afterBatch != nil {
-		w.r.afterBatch()
-	}
-	for id, row := range changed {
-		w.rows[id] = row
-	}
-	w.cp, w.pos = last, last
-	w.done.Add(uint64(len(msgs)))
-	w.pending.Store(pending)
-	return nil
 }
