@@ -242,6 +242,16 @@ func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
 	read(200 * time.Millisecond)
 	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
 	read(3 * time.Second) // waiting when the connection goes
+	// The reader sees the loss before the server may have dropped the lost connection's
+	// pull; a reading published in between would go to that pull, truly in flight.
+	testenv.Eventually(t, 5*time.Second, "the server to drop the lost connection's pull", func() bool {
+		c, err := ns.JS.Consumer(t.Context(), natsx.ReadingsStream, "dur")
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(t.Context())
+		return err == nil && info.NumWaiting == 0
+	})
 	publishReading(t, ns, 1)
 	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); {
 		read(500 * time.Millisecond)
