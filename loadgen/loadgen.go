@@ -88,7 +88,10 @@ type Books struct {
 	// LastAt is when this run last published a reading of each sensor: a connection_lost
 	// earlier than LastAt + lost_after is a false alarm, a later one the fleet stopping.
 	LastAt map[string]time.Time
-	Silent []string
+	// ChangesOf is each sensor's share of Changes: the state_changed events every client
+	// subscribed to it must get, revisions 1 to ChangesOf (in a fleet's first run).
+	ChangesOf map[string]int64
+	Silent    []string
 	// Start and End bound the publishing.
 	Start, End time.Time
 }
@@ -122,7 +125,8 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
 	silent := int(float64(c.Sensors) * c.SilentRatio)
-	b := Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors), Start: time.Now()}
+	b := Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors),
+		ChangesOf: make(map[string]int64, c.Sensors), Start: time.Now()}
 	for n := range silent {
 		b.Silent = append(b.Silent, SensorID(c.Prefix, n))
 	}
@@ -229,9 +233,11 @@ func Run(ctx context.Context, c Config, progress io.Writer, log *slog.Logger) (B
 			if !seen {
 				d = uint8(rng.IntN(2))
 				live.Changes.Add(1)
+				b.ChangesOf[id]++
 			} else if rng.Float64() < c.ChangeRatio {
 				d = 1 - prev
 				live.Changes.Add(1)
+				b.ChangesOf[id]++
 			}
 			b.Last[id], b.LastAt[id] = d, now
 			body = fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))
