@@ -110,9 +110,11 @@ func benchFanOut(b *testing.B, clients, changes int) {
 	cost := m.stop(b, end)
 	b.StopTimer()
 
-	for _, p := range h.check(func(int) map[string]int64 { return map[string]int64{sensor: int64(changes)} }) {
+	problems, odd := h.check(func(int) map[string]int64 { return map[string]int64{sensor: int64(changes)} })
+	for _, p := range problems {
 		b.Error("MISMATCH:", p)
 	}
+	explain(b, pool, cs, odd)
 	done, short := h.fanOut(clients)
 	if short > 0 || len(done) != changes {
 		b.Errorf("%d changes reached every client, %d did not; want %d", len(done), short, changes)

@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/lock-sensors/lock-sensors/loadgen"
 )
 
@@ -50,6 +53,7 @@ type hubClient struct {
 	order  int64 // a revision not the one after the last received (a gap or an older one)
 	badSig int64
 	first  []string // the first problems, for the report
+	odd    []string // the sensors of those problems
 }
 
 // hubEvent is one event's fan-out: when its reading was published and when its webhooks came.
@@ -145,10 +149,10 @@ func (h *hub) serve(w http.ResponseWriter, r *http.Request) {
 	case p.Revision == last+1:
 	case p.Revision == last:
 		c.repeat++
-		c.note(fmt.Sprintf("client %d, sensor %s: revision %d again", i, p.Sensor.ID, p.Revision))
+		c.note(p.Sensor.ID, fmt.Sprintf("client %d, sensor %s: revision %d again", i, p.Sensor.ID, p.Revision))
 	default:
 		c.order++
-		c.note(fmt.Sprintf("client %d, sensor %s: revision %d after %d", i, p.Sensor.ID, p.Revision, last))
+		c.note(p.Sensor.ID, fmt.Sprintf("client %d, sensor %s: revision %d after %d", i, p.Sensor.ID, p.Revision, last))
 	}
 	c.rev[p.Sensor.ID] = max(last, p.Revision)
 	c.mu.Unlock()
@@ -168,16 +172,27 @@ func (h *hub) serve(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 }
 
-func (c *hubClient) note(p string) {
+func (c *hubClient) note(sensor, p string) {
 	if len(c.first) < 5 {
-		c.first = append(c.first, p)
+		c.first, c.odd = append(c.first, p), append(c.odd, sensor)
 	}
 }
 
+// oddPair is a client (by index) and one of its sensors whose webhooks did not come as due.
+type oddPair struct {
+	client int
+	sensor string
+}
+
 // check balances the books: client i must have got revisions 1 … want(i)[sensor] of each of
-// its sensors, once each and in order, and nothing else. It returns the problems (at most 20).
-func (h *hub) check(want func(i int) map[string]int64) []string {
-	var out []string
+// its sensors, once each and in order, and nothing else. It returns the problems (at most 20)
+// and the first few (client, sensor) pairs they are about.
+func (h *hub) check(want func(i int) map[string]int64) (out []string, odd []oddPair) {
+	oddOne := func(i int, s string) {
+		if len(odd) < 5 {
+			odd = append(odd, oddPair{i, s})
+		}
+	}
 	add := func(s string) {
 		if len(out) < 20 {
 			out = append(out, s)
@@ -193,11 +208,13 @@ func (h *hub) check(want func(i int) map[string]int64) []string {
 			expected += n
 			if c.rev[s] != n {
 				add(fmt.Sprintf("client %d, sensor %s: last revision %d, want %d", i, s, c.rev[s], n))
+				oddOne(i, s)
 			}
 		}
 		for s := range c.rev {
 			if w[s] == 0 {
 				add(fmt.Sprintf("client %d got sensor %s, not one of its sensors' changes", i, s))
+				oddOne(i, s)
 			}
 		}
 		if c.got != expected {
@@ -205,10 +222,28 @@ func (h *hub) check(want func(i int) map[string]int64) []string {
 		}
 		if c.repeat+c.order+c.badSig > 0 {
 			add(fmt.Sprintf("client %d: %d repeated, %d out of order or after a gap, %d bad signatures: %v", i, c.repeat, c.order, c.badSig, c.first))
+			for _, s := range c.odd {
+				oddOne(i, s)
+			}
 		}
 		c.mu.Unlock()
 	}
-	return out
+	return out, odd
+}
+
+// explain logs the notifier's delivery rows of each odd pair (cs: the clients' ids by index):
+// what the system did with the webhooks that did not come as due.
+func explain(b *testing.B, pool *pgxpool.Pool, cs []loadgen.Client, odd []oddPair) {
+	for _, o := range odd {
+		rows, err := pool.Query(b.Context(), `SELECT (to_jsonb(d) - 'payload')::text FROM notifier_deliveries d
+			WHERE d.client_id = $1 AND d.sensor_id = $2 ORDER BY d.revision`, cs[o.client].ID, o.sensor)
+		if err != nil {
+			b.Logf("delivery rows of client %d, sensor %s: %v", o.client, o.sensor, err)
+			continue
+		}
+		list, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		b.Logf("delivery rows of client %d (%s), sensor %s (%v):\n%s", o.client, cs[o.client].ID, o.sensor, err, strings.Join(list, "\n"))
+	}
 }
 
 // latencies are every webhook's receipt − the reading's publish, sorted, and the last receipt.

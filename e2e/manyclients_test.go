@@ -174,7 +174,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 	cost := m.stop(b, lastWebhook)
 	progress("many clients: %d webhooks in; the API and the dashboard follow", h.received.Load())
 
-	for _, p := range h.check(func(c int) map[string]int64 {
+	problems, odd := h.check(func(c int) map[string]int64 {
 		w := map[string]int64{}
 		for j := range per {
 			id := loadgen.SensorID(prefix, c+j*clients)
@@ -183,9 +183,11 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 			}
 		}
 		return w
-	}) {
+	})
+	for _, p := range problems {
 		b.Error("MISMATCH:", p)
 	}
+	explain(b, pool, cs, odd)
 	delivered := float64(h.received.Load())
 	took := lastWebhook.Sub(books.Start)
 	pubRate := float64(books.Published) / books.End.Sub(books.Start).Seconds()
