@@ -115,6 +115,7 @@ func benchFanOut(b *testing.B, clients, changes int) {
 		b.Error("MISMATCH:", p)
 	}
 	explain(b, pool, cs, odd)
+	failedAttempts(b, pool)
 	done, short := h.fanOut(clients)
 	if short > 0 || len(done) != changes {
 		b.Errorf("%d changes reached every client, %d did not; want %d", len(done), short, changes)

@@ -231,6 +231,31 @@ func (h *hub) check(want func(i int) map[string]int64) (out []string, odd []oddP
 	return out, odd
 }
 
+// failedAttempts logs and reports the attempts that failed, by error (a local receiver that
+// answers every request at once should see none), and returns how many rows had one.
+func failedAttempts(b *testing.B, pool *pgxpool.Pool) int64 {
+	rows, err := pool.Query(b.Context(), `SELECT coalesce(last_error, 'status ' || last_status::text, ''), state, count(*)
+		FROM notifier_deliveries WHERE failed_attempts > 0 GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 10`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for rows.Next() {
+		var e, state string
+		var n int64
+		if err := rows.Scan(&e, &state, &n); err != nil {
+			b.Fatal(err)
+		}
+		total += n
+		b.Logf("%d deliveries with a failed attempt, now %s, the last failure: %s", n, state, e)
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(total), "deliveries-with-failed-attempts")
+	return total
+}
+
 // explain logs the notifier's delivery rows of each odd pair (cs: the clients' ids by index):
 // what the system did with the webhooks that did not come as due.
 func explain(b *testing.B, pool *pgxpool.Pool, cs []loadgen.Client, odd []oddPair) {

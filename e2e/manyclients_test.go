@@ -135,7 +135,8 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 	last, lastAt := int64(0), time.Now()
 	report := func(now time.Time) {
 		got := h.received.Load()
-		progress("many clients: %d published, %d webhooks (%.0f/s in the last %s)", live.Published.Load(), got,
+		progress("many clients: %d published, %.0f applied to the state, %.0f deliveries created, %d webhooks (%.0f/s in the last %s)",
+			live.Published.Load(), s.metric("locks_state_applied_total"), s.metric("locks_notifier_deliveries_created_total"), got,
 			float64(got-last)/now.Sub(lastAt).Seconds(), now.Sub(lastAt).Round(time.Second))
 		last, lastAt = got, now
 	}
@@ -188,6 +189,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 		b.Error("MISMATCH:", p)
 	}
 	explain(b, pool, cs, odd)
+	failedAttempts(b, pool)
 	delivered := float64(h.received.Load())
 	took := lastWebhook.Sub(books.Start)
 	pubRate := float64(books.Published) / books.End.Sub(books.Start).Seconds()
