@@ -96,10 +96,12 @@ func (c pgCost) per(d time.Duration) pgCost {
 }
 
 // startPG starts measuring the database of pool and the `locks` process pid, after measuring
-// for pgFlush what the idle system costs (leases, polls, sweeps), which stop subtracts.
+// for pgFlush what the idle system costs (leases, polls, sweeps), which stop subtracts; the
+// system must be idle from the call on.
 func startPG(tb testing.TB, pool *pgxpool.Pool, pid int) *pgMeter {
 	tb.Helper()
 	m := &pgMeter{pool: pool, pid: pid}
+	time.Sleep(pgFlush) // what came before (the registration) reported first
 	a := m.sample(tb)
 	time.Sleep(pgFlush)
 	m.start = m.sample(tb)
