@@ -84,7 +84,7 @@ func benchFanOut(b *testing.B, clients, changes int) {
 	subscribed := time.Since(t0)
 	b.ReportMetric(float64(clients)/created.Seconds(), "clients-created/s")
 	b.ReportMetric(float64(clients)/subscribed.Seconds(), "subscriptions/s")
-	b.Logf("%d clients created in %s, each subscribed to %s in %s (a call each)", clients, created.Round(time.Millisecond),
+	say(b, "%d clients created in %s, each subscribed to %s in %s (a call each)", clients, created.Round(time.Millisecond),
 		sensor, subscribed.Round(time.Millisecond))
 	progress("fan-out: %d clients subscribed to %s; %d changes follow, each after the last reached every client", clients, sensor, changes)
 
@@ -133,7 +133,7 @@ func benchFanOut(b *testing.B, clients, changes int) {
 	b.ReportMetric(loadgen.Quantile(lat, 0.99), "webhook-p99-ms")
 	b.ReportMetric(n/spent.Seconds(), "deliveries/s")
 	b.ReportMetric(float64(clients), "clients")
-	b.Logf("fan-out to %d clients, %d changes: publish → last webhook p50 %.0f ms, p99 %.0f ms, max %.0f ms; publish → webhook over all %d webhooks p50 %.0f ms, p99 %.0f ms; %.0f deliveries/s within a fan-out",
+	say(b, "fan-out to %d clients, %d changes: publish → last webhook p50 %.0f ms, p99 %.0f ms, max %.0f ms; publish → webhook over all %d webhooks p50 %.0f ms, p99 %.0f ms; %.0f deliveries/s within a fan-out",
 		clients, changes, loadgen.Quantile(done, 0.5), loadgen.Quantile(done, 0.99), loadgen.Quantile(done, 1), len(lat),
 		loadgen.Quantile(lat, 0.5), loadgen.Quantile(lat, 0.99), n/spent.Seconds())
 	cost.report(b, n, "delivery")

@@ -247,7 +247,7 @@ func failedAttempts(b *testing.B, pool *pgxpool.Pool) int64 {
 			b.Fatal(err)
 		}
 		total += n
-		b.Logf("%d deliveries with a failed attempt, now %s, the last failure: %s", n, state, e)
+		say(b, "%d deliveries with a failed attempt, now %s, the last failure: %s", n, state, e)
 	}
 	if err := rows.Err(); err != nil {
 		b.Fatal(err)
@@ -263,11 +263,11 @@ func explain(b *testing.B, pool *pgxpool.Pool, cs []loadgen.Client, odd []oddPai
 		rows, err := pool.Query(b.Context(), `SELECT (to_jsonb(d) - 'payload')::text FROM notifier_deliveries d
 			WHERE d.client_id = $1 AND d.sensor_id = $2 ORDER BY d.revision`, cs[o.client].ID, o.sensor)
 		if err != nil {
-			b.Logf("delivery rows of client %d, sensor %s: %v", o.client, o.sensor, err)
+			say(b, "delivery rows of client %d, sensor %s: %v", o.client, o.sensor, err)
 			continue
 		}
 		list, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		b.Logf("delivery rows of client %d (%s), sensor %s (%v):\n%s", o.client, cs[o.client].ID, o.sensor, err, strings.Join(list, "\n"))
+		say(b, "delivery rows of client %d (%s), sensor %s (%v):\n%s", o.client, cs[o.client].ID, o.sensor, err, strings.Join(list, "\n"))
 	}
 }
 

@@ -114,7 +114,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 	b.ReportMetric(float64(n)/registered.Seconds(), "registrations/s")
 	b.ReportMetric(float64(clients)/created.Seconds(), "clients-created/s")
 	b.ReportMetric(float64(n)/subs.Seconds(), "subscriptions/s")
-	b.Logf("registered %d sensors in %s, created %d clients in %s, subscribed each to its %d sensors in %s", n, registered.Round(time.Millisecond),
+	say(b, "registered %d sensors in %s, created %d clients in %s, subscribed each to its %d sensors in %s", n, registered.Round(time.Millisecond),
 		clients, created.Round(time.Millisecond), per, subs.Round(time.Millisecond))
 
 	// 2. The load: every reading a change, round the fleet.
@@ -201,7 +201,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 	b.ReportMetric(loadgen.Quantile(lat, 0.99), "webhook-p99-ms")
 	b.ReportMetric(float64(clients), "clients")
 	b.ReportMetric(float64(n), "subscriptions")
-	b.Logf("%d clients × %d sensors: %d changes published at %.0f/s, %.0f webhooks in %s (%.0f deliveries/s), publish → webhook p50 %.0f ms, p99 %.0f ms",
+	say(b, "%d clients × %d sensors: %d changes published at %.0f/s, %.0f webhooks in %s (%.0f deliveries/s), publish → webhook p50 %.0f ms, p99 %.0f ms",
 		clients, per, books.Changes, pubRate, delivered, took.Round(time.Millisecond), delivered/took.Seconds(),
 		loadgen.Quantile(lat, 0.5), loadgen.Quantile(lat, 0.99))
 	cost.report(b, delivered, "delivery")
@@ -220,7 +220,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 		}
 		b.ReportMetric(ms(best), name+"-best-ms")
 		b.ReportMetric(ms(worst), name+"-worst-ms")
-		b.Logf("GET %s: best %s, worst %s of 5", path, best.Round(time.Microsecond), worst.Round(time.Microsecond))
+		say(b, "GET %s: best %s, worst %s of 5", path, best.Round(time.Microsecond), worst.Round(time.Microsecond))
 	}
 	c0 := cs[0].ID
 	apiCall("client-stats", "/v1/clients/"+c0+"/stats")
@@ -274,7 +274,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 			b.ReportMetric(ms(best), unit+"-best-ms")
 			b.ReportMetric(ms(worst), unit+"-worst-ms")
 			b.ReportMetric(float64(len(failed)), unit+"-errors")
-			b.Logf("dashboard, %s: GET %s best %s, worst %s of 3; %d showed an error %q", who, name, best.Round(time.Microsecond),
+			say(b, "dashboard, %s: GET %s best %s, worst %s of 3; %d showed an error %q", who, name, best.Round(time.Microsecond),
 				worst.Round(time.Microsecond), len(failed), failed)
 		}
 	}

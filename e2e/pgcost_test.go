@@ -134,12 +134,20 @@ func (c pgCost) report(b *testing.B, n float64, unit string) {
 	b.ReportMetric(us(c.Active), "pg-active-µs/"+unit)
 	b.ReportMetric(float64(c.Xacts)/n, "pg-xacts/"+unit)
 	b.ReportMetric(us(c.LocksCPU), "locks-cpu-µs/"+unit)
-	b.Logf("per %s over %.0f of them in %s: Postgres backends' CPU %.0f µs, statements %.0f µs, %.2f transactions; the locks process's CPU %.0f µs (less the idle system's, per second: %.0f ms, %.0f ms, %.1f, %.0f ms)",
+	say(b, "per %s over %.0f of them in %s: Postgres backends' CPU %.0f µs, statements %.0f µs, %.2f transactions; the locks process's CPU %.0f µs (less the idle system's, per second: %.0f ms, %.0f ms, %.1f, %.0f ms)",
 		unit, n, c.Wall.Round(time.Millisecond), us(c.CPU), us(c.Active), float64(c.Xacts)/n, us(c.LocksCPU),
 		ms(c.Idle.CPU)/c.Idle.Wall.Seconds(), ms(c.Idle.Active)/c.Idle.Wall.Seconds(), float64(c.Idle.Xacts)/c.Idle.Wall.Seconds(), ms(c.Idle.LocksCPU)/c.Idle.Wall.Seconds())
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// say logs a figure both ways: in the benchmark's log, which go test cuts after ten lines of
+// a benchmark that passed, and on stderr with the progress lines.
+func say(b *testing.B, format string, args ...any) {
+	b.Helper()
+	b.Logf(format, args...)
+	progress(format, args...)
+}
 
 // progress prints a line for a person waiting (stderr: the benchmark's own log comes at its end).
 func progress(format string, args ...any) {
