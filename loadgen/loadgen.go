@@ -88,7 +88,10 @@ type Books struct {
 	// LastAt is when this run last published a reading of each sensor: a connection_lost
 	// earlier than LastAt + lost_after is a false alarm, a later one the fleet stopping.
 	LastAt map[string]time.Time
-	Silent []string
+	// ChangesOf is each sensor's share of Changes: the state_changed events every client
+	// subscribed to it must get, revisions 1 to ChangesOf (in a fleet's first run).
+	ChangesOf map[string]int64
+	Silent    []string
 	// Start and End bound the publishing.
 	Start, End time.Time
 }
@@ -189,7 +192,8 @@ type generator struct {
 func newGenerator(c Config, ch *amqp.Channel) *generator {
 	g := &generator{c: c, ch: ch, rng: rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15)),
 		silent: int(float64(c.Sensors) * c.SilentRatio), live: c.Live}
-	g.b = Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors), Start: time.Now()}
+	g.b = Books{Last: make(map[string]uint8, c.Sensors), LastAt: make(map[string]time.Time, c.Sensors),
+		ChangesOf: make(map[string]int64, c.Sensors), Start: time.Now()}
 	for n := range g.silent {
 		g.b.Silent = append(g.b.Silent, SensorID(c.Prefix, n))
 	}
@@ -268,9 +272,11 @@ func (g *generator) reading(now time.Time) []byte {
 	if !seen {
 		d = uint8(g.rng.IntN(2))
 		g.live.Changes.Add(1)
+		g.b.ChangesOf[id]++
 	} else if g.rng.Float64() < g.c.ChangeRatio {
 		d = 1 - prev
 		g.live.Changes.Add(1)
+		g.b.ChangesOf[id]++
 	}
 	g.b.Last[id], g.b.LastAt[id] = d, now
 	return fmt.Appendf(nil, `{"sensor_id":%q,"data":%d,"ts":%q}`, id, d, now.Format(time.RFC3339Nano))

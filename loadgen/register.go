@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,14 @@ type Registered struct {
 	Created    int // of which this call registered (the others were already)
 	Subscribed int // subscriptions made or confirmed
 	Took       time.Duration
+}
+
+// parallel is Parallel or its default.
+func (r Registrar) parallel() int {
+	if r.Parallel <= 0 {
+		return 4
+	}
+	return r.Parallel
 }
 
 // call posts in as JSON to path and decodes the answer into out (nil: ignored).
@@ -99,10 +108,6 @@ func (r Registrar) Subscribe(ctx context.Context, client, prefix string, from, n
 
 func (r Registrar) batches(ctx context.Context, prefix string, from, n int, register bool, client string) (Registered, error) {
 	start := time.Now()
-	par := r.Parallel
-	if par <= 0 {
-		par = 4
-	}
 	type sensorItem struct {
 		Sensor struct {
 			ID      string `json:"id"`
@@ -115,7 +120,7 @@ func (r Registrar) batches(ctx context.Context, prefix string, from, n int, regi
 	batches := (n + BatchSize - 1) / BatchSize
 	created := make([]int, batches)
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(par)
+	g.SetLimit(r.parallel())
 	for b := range batches {
 		lo, hi := from+b*BatchSize, from+min((b+1)*BatchSize, n)
 		g.Go(func() error {
@@ -158,4 +163,54 @@ func (r Registrar) batches(ctx context.Context, prefix string, from, n int, regi
 		out.Subscribed = n
 	}
 	return out, err
+}
+
+// SubscribeIDs subscribes client to the registered sensors ids, BatchSize a call, Parallel
+// calls at once: a client whose sensors are not one contiguous range of a fleet.
+func (r Registrar) SubscribeIDs(ctx context.Context, client string, ids []string) error {
+	type subItem struct {
+		SensorID string `json:"sensor_id"`
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(r.parallel())
+	for lo := 0; lo < len(ids); lo += BatchSize {
+		chunk := ids[lo:min(lo+BatchSize, len(ids))]
+		g.Go(func() error {
+			subs := make([]subItem, len(chunk))
+			for i, id := range chunk {
+				subs[i] = subItem{id}
+			}
+			if err := r.call(gctx, http.MethodPost, "/v1/clients/"+client+"/sensors:batchCreate",
+				map[string]any{"requests": subs}, nil); err != nil {
+				return fmt.Errorf("loadgen: subscribe %s to %d sensors: %w", client, len(chunk), err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// Client is a client CreateClients made.
+type Client struct{ ID, Secret string }
+
+// CreateClients creates a client per webhook URL, named <prefix><i>, Parallel calls at once
+// (there is no batch call for clients); done, if not nil, is called after each.
+func (r Registrar) CreateClients(ctx context.Context, prefix string, urls []string, done func()) ([]Client, error) {
+	out := make([]Client, len(urls))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(r.parallel())
+	for i, u := range urls {
+		g.Go(func() error {
+			id, secret, err := r.CreateClient(gctx, prefix+strconv.Itoa(i), u)
+			if err != nil {
+				return err
+			}
+			out[i] = Client{id, secret}
+			if done != nil {
+				done()
+			}
+			return nil
+		})
+	}
+	return out, g.Wait()
 }
