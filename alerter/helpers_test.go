@@ -43,7 +43,11 @@ const (
 
 // TestMain runs the alerter as a child process when childEnv is set, configured by
 // ALERTER_TEST_* variables, until SIGTERM or a crash point.
-func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
+// The tests run side by side: they mostly wait for evaluation intervals and notices.
+func TestMain(m *testing.M) {
+	testenv.Parallel(8)
+	testenv.ChildMain(m, childEnv, runChild)
+}
 
 func runChild() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

@@ -31,7 +31,11 @@ const (
 	childPGEnv    = "LOCKS_BRIDGE_TEST_POSTGRES_URL"
 )
 
-func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
+// The tests run side by side: they mostly wait on RabbitMQ and NATS (restarts, redeliveries).
+func TestMain(m *testing.M) {
+	testenv.Parallel(4)
+	testenv.ChildMain(m, childEnv, runChild)
+}
 
 // runChild runs a bridge until it is killed at its crash point or a minute has passed.
 func runChild() int {

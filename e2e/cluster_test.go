@@ -46,10 +46,10 @@ var (
 	natsBinErr  error
 )
 
-// natsServerBin builds nats-server once, next to the locks binary.
+// natsServerBin builds nats-server once, into binDir.
 func natsServerBin(tb testing.TB) string {
 	natsBinOnce.Do(func() {
-		natsBin = filepath.Join(filepath.Dir(locksBin), "nats-server")
+		natsBin = filepath.Join(binDir, "nats-server")
 		out, err := exec.Command("go", "build", "-o", natsBin, "github.com/nats-io/nats-server/v2").CombinedOutput()
 		if err != nil {
 			natsBinErr = fmt.Errorf("go build nats-server: %v: %s", err, out)

@@ -14,7 +14,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -27,25 +26,24 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-var locksBin string
+// locksBin is the locks binary; binDir, a directory for other binaries the tests build.
+var locksBin, binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "locks-e2e")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	locksBin = filepath.Join(dir, "locks")
 	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
 	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
 	flag.Parse()
 	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
 		go func() { _, _ = testenv.JaegerBinary() }()
 	}
-	build := exec.Command("go", "build", "-o", locksBin, "../cmd/locks")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	bin, err := testenv.BuildBinary("./cmd/locks")
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "build locks:", err)
+		os.Exit(1)
+	}
+	locksBin = bin
+	if binDir, err = os.MkdirTemp("", "locks-e2e"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	// Another build of locks (an older commit's), to run old and new back to back on the same load.
@@ -53,7 +51,7 @@ func TestMain(m *testing.M) {
 		locksBin = bin
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(binDir)
 	os.Exit(code)
 }
 

@@ -40,7 +40,11 @@ const (
 
 // TestMain runs the notifier as a child process when childEnv is set (crash tests), with
 // its configuration from the LOCKS_* variables, until SIGTERM or a crash point.
-func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
+// The tests run side by side: they mostly wait for retry delays, leases and webhooks.
+func TestMain(m *testing.M) {
+	testenv.Parallel(8)
+	testenv.ChildMain(m, childEnv, runChild)
+}
 
 func runChild() int {
 	cfg, err := config.Load(nil, nil, nil)

@@ -87,10 +87,30 @@ func step(t *testing.T, ctx context.Context, d time.Duration, what string, actio
 	}
 }
 
+// clickInPanel clicks the element sel in a panel that refreshes itself. A refresh may replace
+// the element between chromedp finding it and clicking it ("Could not find node"): nothing
+// was clicked then, so it finds the new one and clicks again, within d.
+func clickInPanel(t *testing.T, ctx context.Context, d time.Duration, what, sel string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		c, cancel := context.WithDeadline(ctx, deadline)
+		err := chromedp.Do(c, chromedp.Click(chromedp.CSS(sel)))
+		cancel()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Could not find node") || time.Now().After(deadline) {
+			t.Fatalf("click %s (%s): %v", what, sel, err)
+		}
+	}
+}
+
 // The dashboard against a whole running system, in headless Chromium: sign-in, the lost
 // list, a dead letter resent from the page, a rebuild started from the page; and the access
 // rules (no session: sign-in page; a POST without the CSRF token: refused).
 func TestDashboardInBrowser(t *testing.T) {
+	t.Parallel()
 	sys := startSystem(t)
 	dir := artifacts(t)
 	ctx := browser(t)
@@ -178,9 +198,8 @@ func TestDashboardInBrowser(t *testing.T) {
 			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(alert, "firing"))))
 		shot(t, ctx, dir, "dead-letter")
 		rcv.setFailing(false)
-		step(t, ctx, 10*time.Second, "resend clicked",
-			chromedp.Click(chromedp.CSS(row+` button.resend`)),
-			chromedp.WaitVisible(chromedp.CSS(`#dead-result .ok`)))
+		clickInPanel(t, ctx, 10*time.Second, "resend", row+` button.resend`)
+		step(t, ctx, 10*time.Second, "resend clicked", chromedp.WaitVisible(chromedp.CSS(`#dead-result .ok`)))
 		// The resend call names that one delivery (not a redrive over a time window).
 		msg, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#dead-result .ok`)))
 		if err != nil {
@@ -246,9 +265,8 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 		shot(t, ctx, dir, "endpoint-disabled")
 		rcv.setFailing(false)
-		step(t, ctx, 10*time.Second, "re-enable clicked",
-			chromedp.Click(chromedp.CSS(tr+` button.enable`)),
-			chromedp.WaitVisible(chromedp.CSS(`#clients-result .ok`)))
+		clickInPanel(t, ctx, 10*time.Second, "re-enable", tr+` button.enable`)
+		step(t, ctx, 10*time.Second, "re-enable clicked", chromedp.WaitVisible(chromedp.CSS(`#clients-result .ok`)))
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Logf("receiver: failed %v, delivered %v; stats %v", rcv.failedIDs(), rcv.deliveredIDs(),

@@ -40,6 +40,7 @@ var adminPages = []struct{ method, path string }{
 // the secret rotated; an administrator's page typed by hand answers 403, every one of them
 // with the session's CSRF token too; and deleting the token ends the session.
 func TestClientPageInBrowser(t *testing.T) {
+	t.Parallel()
 	sys := startSystem(t)
 	dir := artifacts(t)
 	ctx := browser(t)
@@ -78,8 +79,8 @@ func TestClientPageInBrowser(t *testing.T) {
 		step(t, ctx, 10*time.Second, "the dead letter counted", chromedp.WaitVisible(chromedp.CSS(`#my-stats .tile.bad #stat-dead`)))
 		shot(t, ctx, dir, "client-dead-letter")
 		rcv.setFailing(false)
-		step(t, ctx, 10*time.Second, "resend clicked",
-			chromedp.Click(chromedp.CSS(row+` button.resend`)), chromedp.WaitVisible(chromedp.CSS(`#dead-result .ok`)))
+		clickInPanel(t, ctx, 10*time.Second, "resend", row+` button.resend`)
+		step(t, ctx, 10*time.Second, "resend clicked", chromedp.WaitVisible(chromedp.CSS(`#dead-result .ok`)))
 		testenv.Eventually(t, 30*time.Second, "the resent delivery at the receiver", func() bool { return rcv.got(first) })
 		step(t, ctx, 30*time.Second, "the dead letter gone from the page", chromedp.WaitNotPresent(chromedp.CSS(row)))
 	})

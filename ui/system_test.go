@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +21,9 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
+
+// The tests mostly wait on their servers (whole systems: lost_after, auto-disable, webhooks): they run side by side.
+func TestMain(m *testing.M) { testenv.Main(m, 4) }
 
 const token = "ui-test-token-0123456789"
 
@@ -41,18 +43,9 @@ type system struct {
 	log    *testenv.LogBuffer
 }
 
-func buildLocks(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "locks")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/locks").CombinedOutput(); err != nil {
-		t.Fatalf("go build ../cmd/locks: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func startSystem(t *testing.T) *system {
 	t.Helper()
-	bin := buildLocks(t)
+	bin := testenv.Build(t, "./cmd/locks")
 	pgURL := testenv.PostgresURL(t)
 	chDB := testenv.Name("locks_ui")
 	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })

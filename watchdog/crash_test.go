@@ -22,7 +22,11 @@ import (
 // childEnv switches the test binary into running a watchdog (see TestMain).
 const childEnv = "LOCKS_WATCHDOG_TEST_CHILD"
 
-func TestMain(m *testing.M) { testenv.ChildMain(m, childEnv, runChild) }
+// The tests run side by side: they mostly wait for TTLs and lost_after to pass.
+func TestMain(m *testing.M) {
+	testenv.Parallel(8)
+	testenv.ChildMain(m, childEnv, runChild)
+}
 
 // runChild runs a watchdog from LOCKS_TEST_* variables until SIGTERM (or a crash point).
 func runChild() int {

@@ -156,6 +156,7 @@ func (f *follower) count() int {
 // each event byte for byte the body the receiver got, in the feed's order. Without --follow
 // it reads the feed to its end; another client's feed is refused with exit 1.
 func TestCLIEventsFollow(t *testing.T) {
+	t.Parallel()
 	ne := testenv.NATS(t)
 	sys := startCLISystem(t, "LOCKS_NATS_URL="+ne.URL, "LOCKS_WEBHOOK_ALLOW_PRIVATE=true")
 	api2Addr := testenv.FreeAddr(t)

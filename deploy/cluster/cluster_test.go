@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -23,23 +22,12 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// build compiles pkg into dir once per test binary.
-func build(t *testing.T, dir, name, pkg string) string {
-	t.Helper()
-	out := filepath.Join(dir, name)
-	if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v: %s", pkg, err, b)
-	}
-	return out
-}
-
 // The topology end to end: 3 clustered NATS nodes with users, 2 processes of each part; a
 // client without credentials is refused, and readings pushed through RabbitMQ come out as
 // webhooks from sensors of both state processes' partitions.
 func TestClusterSmoke(t *testing.T) {
-	bin := t.TempDir()
-	locks := build(t, bin, "locks", "../../cmd/locks")
-	node := build(t, bin, "natsnode", "./natsnode")
+	locks := testenv.Build(t, "./cmd/locks")
+	node := testenv.Build(t, "./deploy/cluster/natsnode")
 	root, _ := filepath.Abs("../..")
 
 	const partitions, token = 4, "cluster-smoke-token-0123456789"

@@ -19,6 +19,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
+// The tests mostly wait on their servers (relays polling, NATS restarting): they run side by side.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
+
 // fixture is a test outbox table in its own database and a NATS server with stream T (t.>).
 type fixture struct {
 	t  *testing.T

@@ -215,18 +215,12 @@ func buildJaeger() (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
 	// One build at a time across the test binaries that want it: the others wait for it.
-	lock, err := os.OpenFile(filepath.Join(dir, "build.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	unlock, err := lockDir(dir)
 	if err != nil {
 		return "", err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", err
-	}
+	defer unlock()
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
