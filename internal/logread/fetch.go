@@ -1,7 +1,6 @@
 package logread
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,8 +41,9 @@ func (r *Reader) fetchOnce(pctx context.Context, n int, wait time.Duration) (_ [
 	if broke != "" {
 		reason = broke
 	}
-	if why, rest := r.classify(ctx, err); why != "" || rest != err {
-		reason, err = cmp.Or(why, reason), rest
+	why, err := r.classify(ctx, err)
+	if why != "" {
+		reason = why
 	}
 	if err == nil && reason == "" && len(msgs) == 0 && wait > 0 {
 		reason, err = r.idleCheck(ctx)
@@ -127,7 +127,8 @@ func (r *Reader) contiguous(msgs []jetstream.Msg) (out []jetstream.Msg, reason s
 }
 
 // classify sorts a pull's error: the connection lost (checked at the next fetch), nothing
-// more for now, or the consumer gone (a reason to recreate it); any other error is returned.
+// more for now, or the consumer gone (a reason to recreate it); any other error is returned
+// as it is.
 func (r *Reader) classify(ctx context.Context, err error) (reason string, rest error) {
 	switch {
 	case err != nil && errors.Is(context.Cause(ctx), natsx.ErrConnLost):
