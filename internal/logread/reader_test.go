@@ -227,17 +227,7 @@ func TestReaderKeepsItsConsumerAcrossACleanConnectionLoss(t *testing.T) {
 	r, gaps := openDurable(t, proxy.URL)
 	created := r.Consumer().CachedInfo().Created
 	var got []uint64
-	read := func(wait time.Duration) {
-		msgs, err := r.Fetch(t.Context(), 10, wait)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range msgs {
-			md, _ := m.Metadata()
-			got = append(got, md.Sequence.Stream)
-			_ = m.Ack()
-		}
-	}
+	read := func(wait time.Duration) { got = append(got, fetchAcked(t, r, wait)...) }
 	publishReading(t, ns, 0)
 	read(200 * time.Millisecond)
 	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
@@ -289,6 +279,23 @@ func publishReading(t *testing.T, ns *testenv.NATSEnv, i int) {
 	}
 }
 
+// fetchAcked fetches up to 10 messages within wait, acks them and returns their stream
+// sequences.
+func fetchAcked(t *testing.T, r *Reader, wait time.Duration) []uint64 {
+	t.Helper()
+	msgs, err := r.Fetch(t.Context(), 10, wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, m := range msgs {
+		md, _ := m.Metadata()
+		seqs = append(seqs, md.Sequence.Stream)
+		_ = m.Ack()
+	}
+	return seqs
+}
+
 // openDurable opens READINGS' durable reader "dur" through url, and the breaks it reports.
 func openDurable(t *testing.T, url string) (*Reader, *[]string) {
 	t.Helper()
@@ -315,15 +322,7 @@ func TestReaderReadsThroughAStandInWhileItsDurableDoesNotAnswer(t *testing.T) {
 	read := func(want int) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); len(got) < want && time.Now().Before(deadline); {
-			msgs, err := r.Fetch(t.Context(), 10, 200*time.Millisecond)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range msgs {
-				md, _ := m.Metadata()
-				got = append(got, md.Sequence.Stream)
-				_ = m.Ack()
-			}
+			got = append(got, fetchAcked(t, r, 200*time.Millisecond)...)
 		}
 	}
 	publishReading(t, ns, 0)
