@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,16 +60,7 @@ func benchFanOut(b *testing.B, clients, changes int) {
 		b.Fatal(err)
 	}
 	t0 := time.Now()
-	var made atomic.Int64
-	cs, err := reg.CreateClients(ctx, "fan", h.urls(), func() {
-		if n := made.Add(1); n%500 == 0 {
-			progress("fan-out: %d of %d clients created", n, clients)
-		}
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h.setSecrets(b, cs)
+	cs := h.createClients(b, ctx, reg, "fan", "fan-out", 500)
 	created := time.Since(t0)
 	t0 = time.Now()
 	g, gctx := errgroup.WithContext(ctx)

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -106,6 +107,23 @@ func (h *hub) setSecrets(tb testing.TB, cs []loadgen.Client) {
 		h.clients[i].secret = k
 		h.clients[i].mu.Unlock()
 	}
+}
+
+// createClients creates a client per hub URL through reg, named <prefix><i>, saying every
+// every-th one under what, and gives the hub their secrets.
+func (h *hub) createClients(tb testing.TB, ctx context.Context, reg loadgen.Registrar, prefix, what string, every int64) []loadgen.Client {
+	tb.Helper()
+	var made atomic.Int64
+	cs, err := reg.CreateClients(ctx, prefix, h.urls(), func() {
+		if n := made.Add(1); n%every == 0 {
+			progress("%s: %d of %d clients created", what, n, len(h.clients))
+		}
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h.setSecrets(tb, cs)
+	return cs
 }
 
 func (h *hub) serve(w http.ResponseWriter, r *http.Request) {

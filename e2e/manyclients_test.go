@@ -77,16 +77,7 @@ func benchManyClients(b *testing.B, clients, per int, rate float64, dur time.Dur
 	}
 	registered := time.Since(t0)
 	t0 = time.Now()
-	var made atomic.Int64
-	cs, err := reg.CreateClients(ctx, "mc", h.urls(), func() {
-		if k := made.Add(1); k%1000 == 0 {
-			progress("many clients: %d of %d clients created", k, clients)
-		}
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h.setSecrets(b, cs)
+	cs := h.createClients(b, ctx, reg, "mc", "many clients", 1000)
 	created := time.Since(t0)
 	t0 = time.Now()
 	g, gctx := errgroup.WithContext(ctx)
