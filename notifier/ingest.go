@@ -106,6 +106,7 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 		return nil
 	}
 	var created, late int
+	var ins inserted
 	var recs []event.Attempt
 	var tps []string // the intake spans' traceparents, kept on the deliveries while tracing
 	if n.tracer != nil {
@@ -120,11 +121,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, p) },
 			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, p, epoch) },
 		}
-		ins, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
+		in, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
 		if err != nil {
 			return err
 		}
-		created, recs, late = ins.created, rs, lt
+		ins, created, recs, late = in, in.created, rs, lt
 		w := &pgx.Batch{}
 		if err := queueOutbox(w, recs); err != nil {
 			return err
@@ -153,7 +154,9 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 	n.m.events.Add(float64(len(evs)))
 	n.m.created.Add(float64(created))
 	n.count(recs)
-	poke(n.wake)
+	if !n.handOff(ins) {
+		poke(n.wake)
+	}
 	if len(recs) > 0 {
 		n.relay.Wake()
 	}
