@@ -152,7 +152,7 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 		return nil, err
 	}
 	if n.leases, err = lease.New(lease.Config{Name: Name, PartitionCount: cfg.PartitionCount, Partitions: cfg.Partitions,
-		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: n.log, Registerer: d.Registerer, JS: d.JS, PG: d.PG}); err != nil {
+		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: n.log, Registerer: d.Registerer, JS: d.JS, PG: d.PG, Clock: d.Clock}); err != nil {
 		return nil, err
 	}
 	return n, nil

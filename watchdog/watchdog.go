@@ -124,7 +124,7 @@ func New(cfg Config, d Deps) (*Watchdog, error) {
 		return nil, err
 	}
 	if w.leases, err = lease.New(lease.Config{Name: Name, PartitionCount: cfg.PartitionCount, Partitions: cfg.Partitions,
-		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: log, Registerer: d.Registerer, JS: d.JS, PG: d.PG}); err != nil {
+		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: log, Registerer: d.Registerer, JS: d.JS, PG: d.PG, Clock: d.Clock}); err != nil {
 		return nil, err
 	}
 	return w, nil

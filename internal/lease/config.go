@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
@@ -99,4 +100,6 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	JS         jetstream.JetStream
 	PG         *pgxpool.Pool
+	// Clock times the renewals and Valid (nil: the system clock).
+	Clock clock.Clock
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 )
 
 // ErrFenced is returned by a fenced transaction whose epoch is no longer the partition's: the
@@ -86,6 +88,13 @@ func Check(ctx context.Context, tx pgx.Tx, name string, p int, epoch int64) erro
 
 type untilKey struct{}
 
+// validity is what Valid reads from a Work's ctx: the end of the lease's last renewal plus
+// its TTL, by the Assigner's clock.
+type validity struct {
+	until *atomic.Pointer[time.Time]
+	clock clock.Clock
+}
+
 // renew records a successful write of the lease sent at t, for the round and for Valid.
 func (h *hold) renew(t time.Time, ttl time.Duration) {
 	h.renewed, h.lapsed = t, false
@@ -102,6 +111,6 @@ func Valid(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	until, ok := ctx.Value(untilKey{}).(*atomic.Pointer[time.Time])
-	return !ok || time.Now().Before(*until.Load())
+	v, ok := ctx.Value(untilKey{}).(validity)
+	return !ok || v.clock.Now().Before(*v.until.Load())
 }

@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 )
@@ -56,6 +57,8 @@ type Assigner struct {
 	js  jetstream.JetStream
 	pg  *pgxpool.Pool
 	log *slog.Logger
+	// clock times the renewals and the lapses (its Now goes to lapsed and to Valid).
+	clock clock.Clock
 
 	owned  prometheus.Gauge
 	lost   prometheus.Counter
@@ -91,7 +94,7 @@ func New(cfg Config, d Deps) (*Assigner, error) {
 		return nil, err
 	}
 	labels := prometheus.Labels{"part": cfg.Name}
-	a := &Assigner{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("lease", cfg.Name, "owner", cfg.Owner),
+	a := &Assigner{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("lease", cfg.Name, "owner", cfg.Owner), clock: clock.Or(d.Clock),
 		owned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "locks_lease_partitions", ConstLabels: labels,
 			Help: "Partitions this process owns."}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_lease_lost_total", ConstLabels: labels,
@@ -148,7 +151,7 @@ func (a *Assigner) Run(ctx context.Context, work Work) error {
 // the leases and drop those another process holds now, then release extra partitions or
 // claim free ones to reach the fair share.
 func (a *Assigner) round(ctx context.Context, work Work) error {
-	start := time.Now()
+	start := a.clock.Now()
 	if err := a.reap(); err != nil {
 		return err
 	}
@@ -248,7 +251,7 @@ func (a *Assigner) start(ctx context.Context, p int, rev uint64, renewed time.Ti
 	wctx, cancel := context.WithCancel(ctx)
 	h := &hold{rev: rev, cancel: cancel, done: make(chan struct{})}
 	h.renew(renewed, a.cfg.TTL)
-	wctx = context.WithValue(wctx, untilKey{}, &h.until)
+	wctx = context.WithValue(wctx, untilKey{}, validity{until: &h.until, clock: a.clock})
 	a.held[p] = h
 	a.mu.Lock()
 	prev := a.running[p]

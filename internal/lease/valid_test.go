@@ -11,10 +11,11 @@ import (
 // its last renewal plus the TTL, the earliest the server can give the lease to another.
 func TestValid(t *testing.T) {
 	t.Parallel()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	leased := func(until time.Time) context.Context {
 		var u atomic.Pointer[time.Time]
 		u.Store(&until)
-		return context.WithValue(t.Context(), untilKey{}, &u)
+		return context.WithValue(t.Context(), untilKey{}, validity{until: &u, clock: fixedClock(now)})
 	}
 	ended, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -24,11 +25,16 @@ func TestValid(t *testing.T) {
 	}{
 		"fixed partition":        {t.Context(), true},
 		"ended":                  {ended, false},
-		"lease renewed in time":  {leased(time.Now().Add(time.Hour)), true},
-		"lease past renewal+TTL": {leased(time.Now().Add(-time.Millisecond)), false},
+		"lease renewed in time":  {leased(now.Add(time.Millisecond)), true},
+		"lease past renewal+TTL": {leased(now), false},
 	} {
 		if got := Valid(c.ctx); got != c.want {
 			t.Errorf("%s: Valid = %v, want %v", name, got, c.want)
 		}
 	}
 }
+
+// fixedClock is a clock that stands still.
+type fixedClock time.Time
+
+func (f fixedClock) Now() time.Time { return time.Time(f) }

@@ -147,7 +147,7 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 // transaction, and records in cache what it committed. With no items (lastSeq 0) it writes
 // the pending liveness only (flushSeen). flush writes every pending row, due or not.
 func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item, lastSeq uint64, cache *rowCache, flush bool) (*batch, error) {
-	now := time.Now()
+	now := s.clock.Now()
 	// A full cache is emptied, after its pending liveness is written.
 	full := len(cache.rows) > cache.max
 	if full && len(cache.pending) == 0 {
@@ -184,7 +184,7 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 		cache.clear()
 		return b, err
 	}
-	cache.committed(b, time.Now())
+	cache.committed(b, s.clock.Now())
 	cache.cp, cache.stale = max(lastSeq, cache.cp), false
 	if full {
 		cache.clear()

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
 )
@@ -132,6 +133,9 @@ type Deps struct {
 	PG         *pgxpool.Pool
 	// Tracer, when set, traces each applied batch (trace.go); nil: no tracing at all.
 	Tracer trace.Tracer
+	// Clock times the coalesced liveness (when a sensor's pending last_seen is due) and
+	// the partitions' leases; nil: the system clock.
+	Clock clock.Clock
 }
 
 // candidates are the partitions this process may own: the fixed ones, or any.

@@ -133,7 +133,7 @@ func (w *partitionWorker) flushSeen(ctx context.Context) error {
 		}
 		return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
 	}
-	if w.s.cfg.SeenInterval == 0 || !w.cache.seenDue(time.Now(), w.s.cfg.SeenInterval) {
+	if w.s.cfg.SeenInterval == 0 || !w.cache.seenDue(w.s.clock.Now(), w.s.cfg.SeenInterval) {
 		return nil
 	}
 	return w.s.flushSeen(fctx, w.p, w.epoch, w.cache)
@@ -200,7 +200,7 @@ func (w *partitionWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
 		wait = 0
 	case w.s.cfg.SeenInterval > 0:
 		// Awake when the pending liveness is due, to write it.
-		wait = w.cache.seenWait(time.Now(), w.s.cfg.SeenInterval, wait)
+		wait = w.cache.seenWait(w.s.clock.Now(), w.s.cfg.SeenInterval, wait)
 	}
 	msgs, err := w.r.Fetch(ctx, w.s.cfg.BatchSize, wait)
 	if err == nil && len(msgs) == 0 {

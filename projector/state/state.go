@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/part"
@@ -26,6 +27,7 @@ type Projector struct {
 	js    jetstream.JetStream
 	pg    *pgxpool.Pool
 	log   *slog.Logger
+	clock clock.Clock
 	m     *metrics
 	relay *Relay
 	// leases gives this process its partitions (the fixed ones, or its share).
@@ -52,7 +54,7 @@ func New(cfg Config, d Deps) (*Projector, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), m: m, tracer: d.Tracer}
+	s := &Projector{cfg: cfg, js: d.JS, pg: d.PG, log: d.Logger.With("part", "state"), clock: clock.Or(d.Clock), m: m, tracer: d.Tracer}
 	if s.gaps, err = logread.NewGaps(d.Registerer, s.log, Name); err != nil {
 		return nil, err
 	}
@@ -60,7 +62,7 @@ func New(cfg Config, d Deps) (*Projector, error) {
 		return nil, err
 	}
 	if s.leases, err = lease.New(lease.Config{Name: Name, PartitionCount: cfg.PartitionCount, Partitions: cfg.Partitions,
-		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: s.log, Registerer: d.Registerer, JS: d.JS, PG: d.PG}); err != nil {
+		Owner: cfg.Owner, TTL: cfg.LeaseTTL}, lease.Deps{Logger: s.log, Registerer: d.Registerer, JS: d.JS, PG: d.PG, Clock: d.Clock}); err != nil {
 		return nil, err
 	}
 	s.relay, err = newRelay(cfg, d)
