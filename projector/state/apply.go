@@ -12,6 +12,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 	"github.com/lock-sensors/lock-sensors/internal/tracing"
 )
 
@@ -47,7 +48,7 @@ func (s *Projector) decodeBatch(ctx context.Context, p int, msgs []jetstream.Msg
 // read and write.
 type batch struct {
 	s     *Projector
-	tx    pgx.Tx
+	tx    *pgtx.Tx
 	p     int
 	epoch int64 // the fence: the transaction rolls back unless it is still p's epoch
 	cache *rowCache
@@ -74,7 +75,7 @@ type batch struct {
 	behind  bool // the whole batch was at or below the checkpoint
 }
 
-func newBatch(s *Projector, tx pgx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
+func newBatch(s *Projector, tx *pgtx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
 	b := &batch{s: s, tx: tx, p: p, epoch: epoch, cache: cache}
 	seen := make(map[string]bool, len(items))
 	for _, it := range items {
@@ -155,7 +156,8 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 		full = false
 	}
 	var b *batch
-	err := pgx.BeginFunc(ctx, s.pg, func(tx pgx.Tx) error {
+	// BEGIN goes with the first batch (lockAndLoad) and COMMIT with the last (send).
+	err := pgtx.Run(ctx, s.pg, func(tx *pgtx.Tx) error {
 		b = newBatch(s, tx, p, epoch, items, cache)
 		b.traced = s.tracer != nil
 		b.flush = flush || s.cfg.SeenInterval == 0 || full || cache.seenDue(now, s.cfg.SeenInterval)
@@ -166,7 +168,7 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 			lastSeq = b.cp // nothing to apply: the checkpoint stays
 		} else if lastSeq <= b.cp {
 			b.skipped, b.behind = len(items), true
-			return nil
+			return tx.Commit(ctx, nil, nil)
 		}
 		b.stepAll(items)
 		if b.traced {
@@ -178,7 +180,7 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 			return err
 		}
 		b.queueCheckpoint(w, lastSeq)
-		return b.send(ctx, w, updated)
+		return b.send(ctx, w, updated, true)
 	})
 	if err != nil {
 		cache.clear()
@@ -217,27 +219,26 @@ func (b *batch) lockAndLoad(ctx context.Context) error {
 	// read from the catalog (not a regclass constant) so that no cached plan keeps it.
 	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
 	q.Queue(selectRows, b.missing)
-	br := b.tx.SendBatch(ctx, q)
-	_, err := br.Exec() // keyedJoins
-	if err == nil {
-		err = lease.ReadCheck(br, Name, b.p, b.epoch)
-	}
-	if err == nil {
-		err = b.lockCheckpoint(br)
-	}
-	if err == nil {
+	err := b.tx.Send(ctx, q, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil { // keyedJoins
+			return err
+		}
+		if err := lease.ReadCheck(br, Name, b.p, b.epoch); err != nil {
+			return err
+		}
+		if err := b.lockCheckpoint(br); err != nil {
+			return err
+		}
 		b.rows = make(map[string]row, len(b.ids))
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
+		rows, err := br.Query()
+		if err == nil {
 			err = scanRows(rows, b.rows)
 		}
 		if err != nil {
-			err = fmt.Errorf("load sensor_state: %w", err)
+			return fmt.Errorf("load sensor_state: %w", err)
 		}
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("load sensor_state: %w", cerr)
-	}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
@@ -292,7 +293,7 @@ func (b *batch) loadRows(ctx context.Context) error {
 			b.missing = nil
 		}
 		if len(b.missing) < len(b.ids) {
-			rows, err := b.tx.Query(ctx, selectRows, b.ids)
+			rows, err := b.tx.Conn().Query(ctx, selectRows, b.ids)
 			if err == nil {
 				err = scanRows(rows, b.rows)
 			}

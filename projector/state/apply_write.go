@@ -83,22 +83,27 @@ func (b *batch) queueCheckpoint(w *pgx.Batch, lastSeq uint64) {
 		Name, b.p, int64(lastSeq), b.cache.stream, b.pendingAfter(), int64(b.cp))
 }
 
-// send runs w; its first statement is the UPDATE of the updated rows when there are any,
-// and each of them must still be there.
-func (b *batch) send(ctx context.Context, w *pgx.Batch, updated int) error {
-	br := b.tx.SendBatch(ctx, w)
-	if updated > 0 {
-		tag, err := br.Exec()
-		if err == nil && tag.RowsAffected() != int64(updated) {
-			err = fmt.Errorf("updated %d sensor_state rows, want %d: rows vanished under the projector", tag.RowsAffected(), updated)
+// send runs w in the transaction, and commits it too when commit is set; w's first
+// statement is the UPDATE of the updated rows when there are any, and each of them must
+// still be there.
+func (b *batch) send(ctx context.Context, w *pgx.Batch, updated int, commit bool) error {
+	read := func(br pgx.BatchResults) error {
+		for i := range w.QueuedQueries {
+			tag, err := br.Exec()
+			if err != nil {
+				if i == 0 && updated > 0 {
+					return fmt.Errorf("update sensor_state: %w", err)
+				}
+				return fmt.Errorf("write sensor_state, outbox and checkpoint: %w", err)
+			}
+			if i == 0 && updated > 0 && tag.RowsAffected() != int64(updated) {
+				return fmt.Errorf("update sensor_state: updated %d rows, want %d: rows vanished under the projector", tag.RowsAffected(), updated)
+			}
 		}
-		if err != nil {
-			br.Close()
-			return fmt.Errorf("update sensor_state: %w", err)
-		}
+		return nil
 	}
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("write sensor_state, outbox and checkpoint: %w", err)
+	if commit {
+		return b.tx.Commit(ctx, w, read)
 	}
-	return nil
+	return b.tx.Send(ctx, w, read)
 }

@@ -116,7 +116,7 @@ func (b *batch) recoverSeen(ctx context.Context) error {
 	}
 	rows := make(map[string]row, len(ids))
 	if len(ids) > 0 {
-		q, err := b.tx.Query(ctx, selectRows, ids)
+		q, err := b.tx.Conn().Query(ctx, selectRows, ids)
 		if err == nil {
 			err = scanRows(q, rows)
 		}
@@ -147,7 +147,7 @@ func (b *batch) recoverSeen(ctx context.Context) error {
 	w := &pgx.Batch{}
 	queueRows(w, "sensor_state", &upd, &none)
 	w.Queue(`UPDATE checkpoints SET seen_seq = NULL WHERE projection = $1 AND partition = $2`, Name, b.p)
-	if err := b.send(ctx, w, len(upd.id)); err != nil {
+	if err := b.send(ctx, w, len(upd.id), false); err != nil {
 		return fmt.Errorf("replay deferred liveness: %w", err)
 	}
 	b.s.m.seenReplayed.Add(float64(len(upd.id)))
