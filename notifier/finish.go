@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 )
 
 // result is the end of one attempt, to be written by finish.
@@ -32,7 +34,7 @@ type result struct {
 // with them, and a client failing for disableAfter or longer at now is disabled
 // (disableVerdict), in the round trip of the outbox. It returns the records written and
 // the clients disabled, with their reasons.
-func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
+func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
 	// Rows in id order, so that two finishing batches lock them in the same order.
 	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
 	resultOf := map[int64]result{}
@@ -43,7 +45,8 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 	}
 	var recs []event.Attempt
 	var disabled map[string]string
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	// BEGIN goes with the first batch and COMMIT with the outcomes' (writeOutcomes).
+	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		recs = recs[:0]
 		// One round trip for the lock, the outcomes and the endpoints' health (the outbox
 		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
@@ -83,8 +86,13 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 		if len(hs) > 0 {
 			queueHealth(b, hs)
 		}
-		fins, since, err := sendFinish(tx.SendBatch(ctx, b), len(hs) > 0)
-		if err != nil {
+		var fins []fin
+		var since map[string]*time.Time
+		if err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
+			var err error
+			fins, since, err = readFinish(br, len(hs) > 0)
+			return err
+		}); err != nil {
 			return err
 		}
 		for _, f := range fins {
@@ -96,6 +104,7 @@ func finish(ctx context.Context, db DB, rs []result, disableAfter time.Duration,
 				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
 				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
 		}
+		var err error
 		disabled, err = writeOutcomes(ctx, tx, recs, toDisable(hs, since, disableAfter, now))
 		return err
 	})
@@ -131,14 +140,9 @@ type fin struct {
 	attempts int
 }
 
-// sendFinish reads the results of finish's batch: the settings, the lock, the update, and
+// readFinish reads the results of finish's batch: the settings, the lock, the update, and
 // the health when queued.
-func sendFinish(br pgx.BatchResults, health bool) (fins []fin, since map[string]*time.Time, err error) {
-	defer func() {
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
+func readFinish(br pgx.BatchResults, health bool) (fins []fin, since map[string]*time.Time, err error) {
 	for range 2 { // the setting, the lock
 		if _, err = br.Exec(); err != nil {
 			return nil, nil, err
@@ -168,7 +172,7 @@ func sendFinish(br pgx.BatchResults, health bool) (fins []fin, since map[string]
 
 // writeOutcomes writes, in one round trip of tx, the attempt records recs in the outbox and
 // the disabling of the clients ds; it returns the clients disabled, with their reasons.
-func writeOutcomes(ctx context.Context, tx pgx.Tx, recs []event.Attempt, ds []disabling) (disabled map[string]string, err error) {
+func writeOutcomes(ctx context.Context, tx *pgtx.Tx, recs []event.Attempt, ds []disabling) (disabled map[string]string, err error) {
 	b := &pgx.Batch{}
 	if err := queueOutbox(b, recs); err != nil {
 		return nil, err
@@ -177,22 +181,18 @@ func writeOutcomes(ctx context.Context, tx pgx.Tx, recs []event.Attempt, ds []di
 	if len(ds) > 0 {
 		queueDisable(b, ds)
 	}
-	if b.Len() == 0 {
-		return nil, nil
-	}
-	br := tx.SendBatch(ctx, b)
-	defer func() {
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = cerr
+	err = tx.Commit(ctx, b, func(br pgx.BatchResults) error {
+		if outbox {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("write attempt outbox: %w", err)
+			}
 		}
-	}()
-	if outbox {
-		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("write attempt outbox: %w", err)
+		if len(ds) == 0 {
+			return nil
 		}
-	}
-	if len(ds) == 0 {
-		return nil, nil
-	}
-	return readDisabled(br)
+		var err error
+		disabled, err = readDisabled(br)
+		return err
+	})
+	return disabled, err
 }
