@@ -42,7 +42,8 @@ type intake struct {
 	stream string
 	// done is the last EVENTS sequence of p taken in: its rows committed, or nothing to commit.
 	done uint64
-	// saved is what notifier_positions holds for p as this intake last read or wrote it, at savedAt.
+	// saved is what notifier_positions holds for p as this intake last read or wrote it;
+	// savedAt is when, or when a write last failed.
 	saved   position
 	savedAt time.Time
 }
@@ -141,22 +142,27 @@ func (n *Notifier) resume(ctx context.Context, in *intake) (uint64, error) {
 	}
 	next, v := resumeFrom(pos, found, floor, cur)
 	log := n.log.With("partition", in.p, "position", pos.seq, "next", next)
-	switch v {
-	case resumeFloor:
+	switch {
+	case v == resumeFloor && floor > 0:
 		log.Info("no EVENTS position in Postgres yet: starting after the consumer's ack floor", "ack_floor", floor)
-	case resumeOtherStream:
+	case v == resumeFloor:
+		log.Info("no EVENTS position in Postgres yet, nor a consumer: starting at the stream's first message")
+	case v == resumeOtherStream:
 		log.Error("the EVENTS position belongs to another stream (the NATS store was lost or replaced): reading this stream from its start; the intake is idempotent by event id, so nothing is sent twice",
 			"position_stream", pos.stream, "events_stream", cur.id)
-	case resumeAhead:
+	case v == resumeAhead:
 		log.Error("the EVENTS position is past the end of the stream (the store was restored from an older copy or lost its last writes): reading on after its end, where new events come",
 			"events_last_seq", cur.last)
 	}
-	in.stream, in.done = cur.id, next-1
+	// Written before in moves: should the write fail, the next open decides again from
+	// Postgres, and the consumer (whose floor may be all there is) is not recreated meanwhile.
+	at := position{seq: next - 1, stream: cur.id}
 	if v != resumeAfter {
-		if err := n.savePosition(ctx, in); err != nil {
+		if err := n.savePosition(ctx, in, at); err != nil {
 			return 0, err
 		}
 	}
+	in.stream, in.done = at.stream, at.seq
 	return next, nil
 }
 
@@ -197,10 +203,10 @@ func queuePosition(b *pgx.Batch, p int, pos position) {
 		p, int64(pos.seq), pos.stream)
 }
 
-// savePosition writes in's position in a transaction of its own: the fence in the first
-// round trip (a fence that failed must not reach COMMIT), the write with the COMMIT.
-func (n *Notifier) savePosition(ctx context.Context, in *intake) error {
-	pos := position{seq: in.done, stream: in.stream}
+// savePosition writes pos as in's partition's position in a transaction of its own: the
+// fence in the first round trip (a fence that failed must not reach COMMIT), the write with
+// the COMMIT.
+func (n *Notifier) savePosition(ctx context.Context, in *intake, pos position) error {
 	err := pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
 		f := &pgx.Batch{}
 		lease.QueueCheck(f, Name, in.p)
@@ -219,12 +225,16 @@ func (n *Notifier) savePosition(ctx context.Context, in *intake) error {
 }
 
 // flushPosition writes a position that no transaction carried, once it has waited
-// positionFlushInterval since the last write.
+// positionFlushInterval since the last write (or the last try).
 func (n *Notifier) flushPosition(ctx context.Context, in *intake) error {
 	if !in.dirty() || time.Since(in.savedAt) < positionFlushInterval {
 		return nil
 	}
-	return n.savePosition(ctx, in)
+	err := n.savePosition(ctx, in, position{seq: in.done, stream: in.stream})
+	if err != nil {
+		in.savedAt = time.Now()
+	}
+	return err
 }
 
 // flushPositionAtStop writes the position at a clean stop, so that the next owner reads
@@ -235,7 +245,7 @@ func (n *Notifier) flushPositionAtStop(ctx context.Context, in *intake) {
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := n.savePosition(fctx, in); err != nil {
+	if err := n.savePosition(fctx, in, position{seq: in.done, stream: in.stream}); err != nil {
 		n.log.Info("EVENTS position not written at stop; the next owner reads a little again", "partition", in.p, "err", err)
 	}
 }

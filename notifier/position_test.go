@@ -1,6 +1,7 @@
 package notifier
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -127,17 +128,13 @@ func (e *env) waitTakenIn(within time.Duration) {
 			return false
 		}
 		for p := range testPartitions {
-			info, err := st.Info(e.t.Context(), jetstream.WithSubjectFilter(natsx.EventsPartitionFilter(p)))
-			if err != nil {
-				return false
-			}
 			var last uint64
-			for subj := range info.State.Subjects {
-				m, err := st.GetLastMsgForSubject(e.t.Context(), subj)
-				if err != nil {
-					return false
-				}
-				last = max(last, m.Sequence)
+			m, err := st.GetLastMsgForSubject(e.t.Context(), natsx.EventsPartitionFilter(p))
+			switch {
+			case err == nil:
+				last = m.Sequence
+			case !errors.Is(err, jetstream.ErrMsgNotFound):
+				return false
 			}
 			if pos := e.positionOf(p); pos.seq < last {
 				return false
@@ -157,6 +154,7 @@ func TestNotifierConsumerInMemory(t *testing.T) {
 	e.sensors(8)
 	e.start()
 	e.publishRev(8, 1)
+	testenv.Eventually(t, 20*time.Second, "the events delivered", func() bool { return rc.count() >= 8 })
 	e.waitTakenIn(20 * time.Second)
 	for p := range testPartitions {
 		c, err := e.nats.JS.Consumer(t.Context(), natsx.EventsStream, consumerName(p))
@@ -194,6 +192,7 @@ func TestNotifierRestartResumesAtPosition(t *testing.T) {
 	e.sensors(sensors)
 	first := e.child("100ms", "")
 	e.publishRev(sensors, 1)
+	testenv.Eventually(t, 30*time.Second, "the first revisions delivered", func() bool { return rc.count() >= sensors })
 	e.waitTakenIn(30 * time.Second)
 	first.Kill()
 	e.exec(`DELETE FROM notifier_deliveries`)
@@ -220,6 +219,7 @@ func TestNotifierPositionOfAnotherStream(t *testing.T) {
 	e.sensors(sensors)
 	e.start()
 	e.publishRev(sensors, 1)
+	testenv.Eventually(t, 20*time.Second, "the first revisions delivered", func() bool { return rc.count() >= sensors })
 	e.waitTakenIn(20 * time.Second)
 	e.stop()
 	old := e.eventsStream()
