@@ -136,6 +136,7 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 	if len(evs) == 0 {
 		// All set aside: no transaction; the position moves with the next one, or on its own.
 		in.took(last)
+		crashpoint.Hit(CrashAfterSetAsideRun)
 		return nil
 	}
 	pos := position{seq: max(in.done, last), stream: in.stream}

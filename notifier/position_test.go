@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
@@ -320,4 +321,52 @@ func TestNotifierPositionMovesWithoutTransactions(t *testing.T) {
 	}
 	last := e.eventsStream().last
 	testenv.Eventually(t, 3*positionFlushInterval, "the position past the set-aside messages", func() bool { return e.positionOf(p).seq == last })
+}
+
+// SIGKILLed after a run of set-aside messages, before the position after them was written,
+// and NATS restarted: the next notifier reads them again, harmlessly (each is recorded once,
+// by its record's Nats-Msg-Id), and takes in what follows once.
+func TestNotifierCrashAfterSetAsideRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.client("c1", rc.URL)
+	e.sensors(1)
+	first := e.child("100ms", CrashAfterSetAsideRun)
+	e.publishRev(1, 1)
+	// Its outcome written too: a crash with an attempt in flight would send it again.
+	testenv.Eventually(t, 20*time.Second, "the first event delivered", func() bool {
+		var n int
+		err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM notifier_deliveries WHERE state = 'delivered'`).Scan(&n)
+		return err == nil && n == 1
+	})
+	p := partition.Of("s1", testPartitions)
+	const bad = 3
+	for i := range bad {
+		if _, err := e.nats.JS.PublishMsg(t.Context(), &nats.Msg{Subject: natsx.EventsSubject(p, "s1"), Data: []byte(fmt.Sprintf("not an event %d", i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 15*time.Second, "the child to die at "+CrashAfterSetAsideRun, first.Exited)
+	if first.ExitCode() != crashpoint.ExitCode {
+		t.Fatalf("child exited with %d, want %d", first.ExitCode(), crashpoint.ExitCode)
+	}
+	if pos := e.positionOf(p); pos.seq != 1 {
+		t.Fatalf("position %d after the crash, want 1 (the set-aside run not written)", pos.seq)
+	}
+	e.nats.Restart(300 * time.Millisecond)
+	e.publishRev(1, 2)
+
+	second := e.child("100ms", "")
+	testenv.Eventually(t, 30*time.Second, "the next event delivered", func() bool { return rc.count() >= 2 })
+	e.waitTakenIn(20 * time.Second)
+	checkRevisions(t, rc, 1, 1, 2)
+	st, err := natsx.Stream(t.Context(), e.nats.JS, natsx.SetAsideStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != bad {
+		t.Fatalf("%d set-aside records, want %d (one each)", n, bad)
+	}
+	second.Stop(t, 20*time.Second)
 }
