@@ -74,11 +74,21 @@ func (e *env) eventsStream() streamAt {
 	return streamAt{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
 }
 
-// sensors registers s1..sN subscribed by c1.
-func (e *env) sensors(n int) {
-	e.t.Helper()
-	e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'here' FROM generate_series(1, $1) i`, n)
-	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT 'c1', 's' || i FROM generate_series(1, $1) i`, n)
+// newSubscribedEnv is newEnv with sensors s1..sN, each subscribed by the client c1, whose
+// webhooks go to the receiver returned.
+func newSubscribedEnv(t *testing.T, n int) (*env, *receiver) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.client("c1", rc.URL)
+	e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'here' FROM generate_series(1, $1::int) i`, n)
+	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT 'c1', 's' || i FROM generate_series(1, $1::int) i`, n)
+	return e, rc
+}
+
+// waitWebhooks waits until rc got at least n webhooks.
+func waitWebhooks(t testing.TB, rc *receiver, n int, within time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, within, fmt.Sprint(n, " webhooks"), func() bool { return rc.count() >= n })
 }
 
 // publishRev publishes revision rev of s1..sN, in that order.
@@ -149,13 +159,10 @@ func (e *env) waitTakenIn(within time.Duration) {
 // Postgres), so the NATS server keeps no consumer state file for them to rewrite.
 func TestNotifierConsumerInMemory(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensors(8)
+	e, rc := newSubscribedEnv(t, 8)
 	e.start()
 	e.publishRev(8, 1)
-	testenv.Eventually(t, 20*time.Second, "the events delivered", func() bool { return rc.count() >= 8 })
+	waitWebhooks(t, rc, 8, 20*time.Second)
 	e.waitTakenIn(20 * time.Second)
 	for p := range testPartitions {
 		c, err := e.nats.JS.Consumer(t.Context(), natsx.EventsStream, consumerName(p))
@@ -186,14 +193,11 @@ func TestNotifierConsumerInMemory(t *testing.T) {
 // second intake a no-op, are gone: only the position keeps them from being sent twice).
 func TestNotifierRestartResumesAtPosition(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
 	const sensors = 20
-	e.sensors(sensors)
+	e, rc := newSubscribedEnv(t, sensors)
 	first := e.child("100ms", "")
 	e.publishRev(sensors, 1)
-	testenv.Eventually(t, 30*time.Second, "the first revisions delivered", func() bool { return rc.count() >= sensors })
+	waitWebhooks(t, rc, sensors, 30*time.Second)
 	e.waitTakenIn(30 * time.Second)
 	first.Kill()
 	e.exec(`DELETE FROM notifier_deliveries`)
@@ -201,7 +205,7 @@ func TestNotifierRestartResumesAtPosition(t *testing.T) {
 	e.publishRev(sensors, 2)
 
 	second := e.child("100ms", "")
-	testenv.Eventually(t, 40*time.Second, "the new revisions delivered", func() bool { return rc.count() >= 2*sensors })
+	waitWebhooks(t, rc, 2*sensors, 40*time.Second)
 	e.waitTakenIn(20 * time.Second)
 	checkRevisions(t, rc, sensors, 1, 2)
 	second.Stop(t, 20*time.Second)
@@ -213,14 +217,11 @@ func TestNotifierRestartResumesAtPosition(t *testing.T) {
 // then names the new stream.
 func TestNotifierPositionOfAnotherStream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
 	const sensors = 12
-	e.sensors(sensors)
+	e, rc := newSubscribedEnv(t, sensors)
 	e.start()
 	e.publishRev(sensors, 1)
-	testenv.Eventually(t, 20*time.Second, "the first revisions delivered", func() bool { return rc.count() >= sensors })
+	waitWebhooks(t, rc, sensors, 20*time.Second)
 	e.waitTakenIn(20 * time.Second)
 	e.stop()
 	old := e.eventsStream()
@@ -237,7 +238,7 @@ func TestNotifierPositionOfAnotherStream(t *testing.T) {
 	}
 	e.publishRev(sensors, 2)
 	e.start()
-	testenv.Eventually(t, 20*time.Second, "the new stream's events delivered", func() bool { return rc.count() >= 2*sensors })
+	waitWebhooks(t, rc, 2*sensors, 20*time.Second)
 	e.waitTakenIn(20 * time.Second)
 	checkRevisions(t, rc, sensors, 1, 2)
 	for p := range testPartitions {
@@ -252,10 +253,7 @@ func TestNotifierPositionOfAnotherStream(t *testing.T) {
 // next one, under a sequence the position had passed, is not skipped.
 func TestNotifierPositionAheadOfStream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensors(1)
+	e, rc := newSubscribedEnv(t, 1)
 	e.publishRev(1, 1)
 	cur := e.eventsStream()
 	p := partition.Of("s1", testPartitions)
@@ -265,7 +263,7 @@ func TestNotifierPositionAheadOfStream(t *testing.T) {
 		return e.positionOf(p) == position{seq: cur.last, stream: cur.id}
 	})
 	e.publishRev(1, 2)
-	testenv.Eventually(t, 10*time.Second, "the next event delivered", func() bool { return rc.count() >= 1 })
+	waitWebhooks(t, rc, 1, 10*time.Second)
 	e.waitTakenIn(10 * time.Second)
 	checkRevisions(t, rc, 1, 2)
 }
@@ -274,10 +272,7 @@ func TestNotifierPositionAheadOfStream(t *testing.T) {
 // resumes after that consumer's ack floor, and its consumer is in memory from then on.
 func TestNotifierUpgradeFromFileConsumer(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensors(1)
+	e, rc := newSubscribedEnv(t, 1)
 	e.publishRev(1, 1)
 	e.publishRev(1, 2)
 	p := partition.Of("s1", testPartitions)
@@ -294,7 +289,7 @@ func TestNotifierUpgradeFromFileConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start()
-	testenv.Eventually(t, 10*time.Second, "the event after the ack floor delivered", func() bool { return rc.count() >= 1 })
+	waitWebhooks(t, rc, 1, 10*time.Second)
 	e.waitTakenIn(10 * time.Second)
 	checkRevisions(t, rc, 1, 2)
 	if c, err := e.nats.JS.Consumer(t.Context(), natsx.EventsStream, consumerName(p)); err != nil || !c.CachedInfo().Config.MemoryStorage {
@@ -306,13 +301,10 @@ func TestNotifierUpgradeFromFileConsumer(t *testing.T) {
 // own within positionFlushInterval: a restart does not read a long tail of them again.
 func TestNotifierPositionMovesWithoutTransactions(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensors(1)
+	e, rc := newSubscribedEnv(t, 1)
 	e.start()
 	e.publishRev(1, 1)
-	testenv.Eventually(t, 10*time.Second, "the event delivered", func() bool { return rc.count() >= 1 })
+	waitWebhooks(t, rc, 1, 10*time.Second)
 	p := partition.Of("s1", testPartitions)
 	for i := range 3 {
 		if _, err := e.nats.JS.PublishMsg(t.Context(), &nats.Msg{Subject: natsx.EventsSubject(p, "s1"), Data: []byte(fmt.Sprintf("not an event %d", i))}); err != nil {
@@ -328,10 +320,7 @@ func TestNotifierPositionMovesWithoutTransactions(t *testing.T) {
 // by its record's Nats-Msg-Id), and takes in what follows once.
 func TestNotifierCrashAfterSetAsideRun(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensors(1)
+	e, rc := newSubscribedEnv(t, 1)
 	first := e.child("100ms", CrashAfterSetAsideRun)
 	e.publishRev(1, 1)
 	// Its outcome written too: a crash with an attempt in flight would send it again.
@@ -358,7 +347,7 @@ func TestNotifierCrashAfterSetAsideRun(t *testing.T) {
 	e.publishRev(1, 2)
 
 	second := e.child("100ms", "")
-	testenv.Eventually(t, 30*time.Second, "the next event delivered", func() bool { return rc.count() >= 2 })
+	waitWebhooks(t, rc, 2, 30*time.Second)
 	e.waitTakenIn(20 * time.Second)
 	checkRevisions(t, rc, 1, 1, 2)
 	st, err := natsx.Stream(t.Context(), e.nats.JS, natsx.SetAsideStream)
