@@ -166,7 +166,7 @@ func (a *Alerter) checkpointMismatch(ctx context.Context) (map[string]condition,
 		return nil, fmt.Errorf("look up %s: %w", natsx.ReadingsStream, err)
 	}
 	info := st.CachedInfo()
-	id := info.Created.UTC().Format(time.RFC3339Nano) // as projector/state names a stream
+	id := natsx.StreamIdentity(info)
 	out := map[string]condition{}
 	for _, c := range cps {
 		if c.seq <= info.State.LastSeq && (c.stream == "" || c.stream == id) {

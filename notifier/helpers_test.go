@@ -95,6 +95,8 @@ type env struct {
 	reg   *prometheus.Registry
 	// tracer is given to the notifiers start makes; nil: no tracing.
 	tracer trace.Tracer
+	// stop stops the notifier start made last, as at the end of the test.
+	stop func()
 }
 
 func newEnv(t testing.TB, schedule ...time.Duration) *env {
@@ -130,7 +132,7 @@ func (e *env) startOn(js jetstream.JetStream) *Notifier {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	testenv.RunPart(e.t, "notifier", n.Run, 20*time.Second)
+	e.stop = testenv.RunPart(e.t, "notifier", n.Run, 20*time.Second)
 	return n
 }
 

@@ -33,9 +33,20 @@ const ingestIdleWait = time.Second
 // each message only after its rows are committed, until ctx is done (nil) or a batch is
 // fenced (an error wrapping lease.ErrFenced: another process owns p now). It reads the
 // partition as contiguous runs (logread): revision n of a sensor is always taken in before
-// revision n+1, also when a pull answer is lost with a NATS node.
+// revision n+1, also when a pull answer is lost with a NATS node. Where it resumes is the
+// partition's position in Postgres (position.go).
 func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
-	spec := n.eventsSpec(p)
+	in := &intake{p: p, epoch: epoch}
+	err := n.ingestRuns(ctx, in)
+	if err == nil {
+		n.flushPositionAtStop(ctx, in)
+	}
+	return err
+}
+
+func (n *Notifier) ingestRuns(ctx context.Context, in *intake) error {
+	p := in.p
+	spec := n.eventsSpec(in)
 	// Reads, and the tries of a batch that failed, wait longer each time; NATS coming back
 	// is noticed within a second.
 	readRetry := backoff.New(100*time.Millisecond, time.Second)
@@ -47,14 +58,25 @@ func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if errors.Is(err, lease.ErrFenced) {
+				return err // found by the position's write
+			}
 			n.log.Warn("cannot consume EVENTS yet; retrying", "partition", p, "err", err)
 			readRetry.Wait(ctx)
 		}
 	}
-	n.log.Info("consuming EVENTS", "partition", p, "epoch", epoch)
+	n.log.Info("consuming EVENTS", "partition", p, "epoch", in.epoch)
 	for ctx.Err() == nil {
+		if err := n.flushPosition(ctx, in); errors.Is(err, lease.ErrFenced) {
+			return err
+		} else if err != nil && ctx.Err() == nil {
+			n.log.Warn("write EVENTS position; retrying", "partition", p, "err", err)
+		}
 		batch, err := r.Fetch(ctx, n.cfg.Batch, ingestIdleWait)
 		if err != nil {
+			if errors.Is(err, lease.ErrFenced) {
+				return err // at a reopen's write of the position
+			}
 			if ctx.Err() == nil {
 				n.log.Warn("read EVENTS; retrying", "partition", p, "err", err)
 				readRetry.Wait(ctx)
@@ -67,7 +89,7 @@ func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
 		}
 		retry.Reset()
 		for {
-			err := n.ingestBatch(ctx, p, epoch, batch)
+			err := n.ingestBatch(ctx, in, batch)
 			if err == nil {
 				break
 			}
@@ -76,35 +98,48 @@ func (n *Notifier) ingest(ctx context.Context, p int, epoch int64) error {
 			}
 			n.log.Error("ingest EVENTS batch failed; retrying", "partition", p, "messages", len(batch), "err", err)
 			if !retry.Wait(ctx) {
-				return nil // unacknowledged: the next owner starts at the ack floor
+				return nil // not taken in: the next owner starts at the position
 			}
 		}
 	}
 	return nil
 }
 
-// eventsSpec is partition p's EVENTS consumer. Its ack floor is where a new owner resumes.
-func (n *Notifier) eventsSpec(p int) logread.Spec {
-	name := "notifier-" + strconv.Itoa(p)
+// eventsSpec is in's EVENTS consumer. Its state is kept in memory only: where it starts, at
+// every (re)open, is the position (resume).
+func (n *Notifier) eventsSpec(in *intake) logread.Spec {
+	name := consumerName(in.p)
 	return logread.Spec{
-		Stream: natsx.EventsStream, Filter: natsx.EventsPartitionFilter(p), Durable: name,
-		Description: "webhook notifier, partition " + strconv.Itoa(p),
+		Stream: natsx.EventsStream, Filter: natsx.EventsPartitionFilter(in.p), Durable: name,
+		Description: "webhook notifier, partition " + strconv.Itoa(in.p),
 		AckPolicy:   jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 8 * n.cfg.Batch,
-		OnGap: n.gaps.OnGap(name),
+		MemoryStorage: true,
+		Resume:        func(ctx context.Context) (uint64, error) { return n.resume(ctx, in) },
+		OnGap:         n.gaps.OnGap(name),
 	}
 }
 
-// ingestBatch writes the deliveries of the real events of batch, from partition p (and the
-// records of what they supersede) in one transaction, then acknowledges the messages. The
-// transaction commits only while epoch is p's current one (lease.ErrFenced otherwise).
-func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []jetstream.Msg) (err error) {
+// ingestBatch writes the deliveries of the real events of batch, from in's partition (and
+// the records of what they supersede), and the partition's position after batch, in one
+// transaction, then acknowledges the messages. The transaction commits only while in's epoch
+// is the partition's current one (lease.ErrFenced otherwise).
+func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstream.Msg) (err error) {
+	p, epoch := in.p, in.epoch
+	var last uint64 // the stream sequence of batch's last message
+	if md, err := batch[len(batch)-1].Metadata(); err == nil {
+		last = md.Sequence.Stream
+	}
 	evs, payloads, ok, err := n.checkBatch(ctx, batch)
 	if err != nil {
 		return err
 	}
 	if len(evs) == 0 {
+		// All set aside: no transaction; the position moves with the next one, or on its own.
+		in.took(last)
+		crashpoint.Hit(CrashAfterSetAsideRun)
 		return nil
 	}
+	pos := position{seq: max(in.done, last), stream: in.stream}
 	var created, late int
 	var ins inserted
 	var recs []event.Attempt
@@ -130,10 +165,17 @@ func (n *Notifier) ingestBatch(ctx context.Context, p int, epoch int64, batch []
 		if err := queueOutbox(w, recs); err != nil {
 			return err
 		}
+		if pos.stream != "" {
+			queuePosition(w, p, pos)
+		}
 		return tx.Commit(ctx, w, nil)
 	})
 	if err != nil {
 		return err
+	}
+	in.took(pos.seq)
+	if pos.stream != "" {
+		in.saved, in.savedAt = pos, time.Now()
 	}
 	crashpoint.Hit(CrashAfterIngestCommit)
 	committed := time.Now()

@@ -124,7 +124,12 @@ func TestNotifierFencedIngestWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := partition.Of("s1", testPartitions)
-	r, err := logread.Open(t.Context(), e.nats.JS, n.eventsSpec(p))
+	old, err := lease.Claim(t.Context(), e.pool, Name, p, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := &intake{p: p, epoch: old}
+	r, err := logread.Open(t.Context(), e.nats.JS, n.eventsSpec(stale))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,18 +137,17 @@ func TestNotifierFencedIngestWritesNothing(t *testing.T) {
 	if err != nil || len(batch) != 1 {
 		t.Fatalf("fetch EVENTS: %d messages, %v; want 1", len(batch), err)
 	}
-	old, err := lease.Claim(t.Context(), e.pool, Name, p, "old")
-	if err != nil {
-		t.Fatal(err)
-	}
 	cur, err := lease.Claim(t.Context(), e.pool, Name, p, "new")
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = n.ingestBatch(t.Context(), p, old, batch)
+	err = n.ingestBatch(t.Context(), stale, batch)
 	var fe *lease.FencedError
 	if !errors.As(err, &fe) || fe.Epoch != old || fe.Current != cur {
 		t.Fatalf("ingest of the old owner: %v, want a FencedError of epoch %d, current %d", err, old, cur)
+	}
+	if pos, _, err := readPosition(t.Context(), e.pool, p); err != nil || pos.seq != 0 {
+		t.Fatalf("position after the fenced ingest: %+v %v, want 0 (the stream's start)", pos, err)
 	}
 	rows := func() int {
 		var c int
@@ -155,16 +159,19 @@ func TestNotifierFencedIngestWritesNothing(t *testing.T) {
 	if c := rows(); c != 0 {
 		t.Fatalf("the fenced ingest wrote %d delivery rows", c)
 	}
-	if err := n.ingestBatch(t.Context(), p, cur, batch); err != nil {
+	if err := n.ingestBatch(t.Context(), &intake{p: p, epoch: cur, stream: stale.stream}, batch); err != nil {
 		t.Fatal(err)
 	}
 	if c := rows(); c != 1 {
 		t.Fatalf("%d delivery rows after the owner's ingest, want 1", c)
 	}
+	if pos, _, err := readPosition(t.Context(), e.pool, p); err != nil || pos != (position{seq: 1, stream: stale.stream}) {
+		t.Fatalf("position after the owner's ingest: %+v %v, want 1 of stream %s", pos, err, stale.stream)
+	}
 }
 
 // The EVENTS consumer of a partition deleted under a running notifier (a process that
-// claimed the partition meanwhile, or an operator) is created again from its ack floor:
+// claimed the partition meanwhile, or an operator) is created again from its position:
 // the partition's later events are still delivered, not left waiting for a restart.
 func TestNotifierConsumerDeletedUnderIt(t *testing.T) {
 	t.Parallel()

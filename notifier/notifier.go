@@ -28,6 +28,8 @@ import (
 const (
 	// CrashAfterIngestCommit: deliveries committed, EVENTS messages not acknowledged.
 	CrashAfterIngestCommit = "notifier.after_ingest_commit"
+	// CrashAfterSetAsideRun: a batch all set aside and acked, the position after it not written.
+	CrashAfterSetAsideRun = "notifier.after_set_aside_run"
 	// CrashAfterFinishCommit: attempt outcomes (and next attempt times) committed, records not relayed.
 	CrashAfterFinishCommit = "notifier.after_finish_commit"
 )

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,19 +77,13 @@ type streamPosition struct {
 	msgs              uint64
 }
 
-// streamIdentity names a stream by its creation time: a new stream (a lost or replaced
-// store) has another, a restart or a restored backup keeps it.
-func streamIdentity(info *jetstream.StreamInfo) string {
-	return info.Created.UTC().Format(time.RFC3339Nano)
-}
-
 func readingsPosition(ctx context.Context, js jetstream.JetStream) (streamPosition, error) {
 	st, err := natsx.Stream(ctx, js, natsx.ReadingsStream)
 	if err != nil {
 		return streamPosition{}, fmt.Errorf("%s info: %w", natsx.ReadingsStream, err)
 	}
 	info := st.CachedInfo()
-	return streamPosition{id: streamIdentity(info), firstSeq: info.State.FirstSeq, lastSeq: info.State.LastSeq, msgs: info.State.Msgs}, nil
+	return streamPosition{id: natsx.StreamIdentity(info), firstSeq: info.State.FirstSeq, lastSeq: info.State.LastSeq, msgs: info.State.Msgs}, nil
 }
 
 // checkCheckpoint returns a *CheckpointMismatchError when checkpoint seq (written on stream,
