@@ -156,11 +156,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, p) },
 			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, p, epoch) },
 		}
-		in, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
+		got, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
 		if err != nil {
 			return err
 		}
-		ins, created, recs, late = in, in.created, rs, lt
+		ins, created, recs, late = got, got.created, rs, lt
 		w := &pgx.Batch{}
 		if err := queueOutbox(w, recs); err != nil {
 			return err
