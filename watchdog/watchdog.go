@@ -154,6 +154,9 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		return w.every(gctx, w.cfg.PruneEvery, func(context.Context) error { w.pruneWritten(w.clock.Now()); return nil }, "prune refresh deadlines")
 	})
 	g.Go(func() error {
+		return w.every(gctx, w.cfg.PositionEvery, w.savePositions, "write READINGS positions")
+	})
+	g.Go(func() error {
 		return w.every(gctx, w.cfg.SweepEvery, func(ctx context.Context) error { _, err := w.Sweep(ctx); return err }, "reconciliation sweep")
 	})
 	err := g.Wait()
