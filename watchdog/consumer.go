@@ -61,6 +61,9 @@ type partState struct {
 	// and keeps doneSeq with its stream.
 	stream   string
 	savedPos position
+	// replay is the part of READINGS that the consumer reads again and that may have been
+	// applied before (replay.go); only the partition's consumer goroutine uses it.
+	replay replayWindow
 }
 
 // consumer is the partition's READINGS consumer, nil before it was first created.
@@ -164,6 +167,8 @@ func (w *Watchdog) handOver(ctx context.Context, msg jetstream.Msg, ps *partStat
 	case l.Kind == event.KindReading && l.Untracked:
 		// Beyond LOCKS_UNREGISTERED_MAX (the bridge's mark): no key, no memory.
 		w.m.untracked.Inc()
+	case l.Kind == event.KindReading && ps.replay.holds(md) && w.keyCovers(ctx, l.SensorID, l.ReceivedTime):
+		w.m.replaySkips.Inc()
 	case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
 		w.m.coalesced.Inc()
 	case l.Kind == event.KindReading:

@@ -48,7 +48,13 @@ func runChild() int {
 		return 1
 	}
 	defer pg.Close()
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+	la := lostAfter
+	if v := os.Getenv("LOCKS_TEST_CHILD_LOST_AFTER"); v != "" {
+		if la, err = time.ParseDuration(v); err != nil {
+			return 1
+		}
+	}
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: la},
 		Deps{JS: js, PG: pg, Logger: log, Registerer: prometheus.NewRegistry(),
 			Lag: RabbitLag(os.Getenv("LOCKS_TEST_CHILD_AMQP"), os.Getenv("LOCKS_TEST_CHILD_QUEUE"), 0, 50*time.Millisecond)})
 	if err != nil {

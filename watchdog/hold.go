@@ -219,6 +219,19 @@ func (w *Watchdog) readingsStream(ctx context.Context) (jetstream.Stream, error)
 	return s, nil
 }
 
+// bucket is the liveness bucket's stream, looked up once.
+func (w *Watchdog) bucket(ctx context.Context) (jetstream.Stream, error) {
+	if s := w.kv.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := w.js.Stream(ctx, kvStream)
+	if err != nil {
+		return nil, fmt.Errorf("liveness bucket: %w", err)
+	}
+	w.kv.Store(&s)
+	return s, nil
+}
+
 // setHeldGauges publishes how many expiries are held and how long the oldest has been.
 func (w *Watchdog) setHeldGauges(n int, oldest, now time.Time) {
 	w.m.held.Set(float64(n))

@@ -64,57 +64,59 @@ type readingsNow struct {
 // it has none); acked, the ack floor of a consumer of the partition still on the server (0:
 // none). Each is a sequence of the stream it names (a consumer's, of the stream as it is
 // now), every message up to which has its refresh stored, so the newest of those that
-// belong to the stream now wins. A position of another stream is ignored: the partition
-// starts over at the stream's first message (the keys are derived from the log, and every
-// expiry is settled against READINGS, so reading it again only rewrites keys). One ahead of
-// the stream (a store that lost its last writes) counts as the stream's end. One older than
-// the stream's first message (gone with its retention) starts at the first message. note
-// says which of these happened, "" when none.
+// belong to the stream now wins.
+//
+// The keys are derived from the log, and every expiry is settled against READINGS, so
+// reading a message again only rewrites a key (docs/watchdog.md), while skipping one loses
+// a refresh. So a position that does not fit the stream makes the partition start over at
+// the stream's first message: one of another stream (the stream was replaced while the
+// bucket was kept), and one ahead of the stream's last message (a store that lost its last
+// writes, whose sequences are then taken again by new readings, which are not told apart
+// from those the position covered). A position older than the stream's first message
+// (gone with its retention) starts at the first. note says which of these happened, ""
+// when none.
 func resumePoint(stored position, done uint64, doneStream string, acked uint64, now readingsNow) (next uint64, note string) {
-	var last uint64
+	first := max(now.first, 1)
+	if doneStream != now.id {
+		done = 0
+	}
 	switch {
-	case stored.Seq == 0:
-	case stored.Stream != now.id:
-		note = fmt.Sprintf("the position %d was written on READINGS created %s, but READINGS now is the stream created %s (the NATS store was lost or replaced): starting over at the stream's first message",
+	case stored.Seq > 0 && stored.Stream != now.id:
+		note = fmt.Sprintf("the position %d belongs to another READINGS stream (created %s; READINGS now is the stream created %s: the NATS store was lost or replaced): starting over at the stream's first message",
 			stored.Seq, stored.Stream, now.id)
-	case stored.Seq > now.last:
-		note = fmt.Sprintf("the position %d is ahead of READINGS, whose last sequence is %d (the store lost its last writes): resuming after the last", stored.Seq, now.last)
-		last = now.last
-	default:
-		last = stored.Seq
+		stored = position{}
+	case stored.Seq > now.last || done > now.last:
+		return first, fmt.Sprintf("the position %d is ahead of READINGS, whose last sequence is %d (the store lost its last writes): starting over at the stream's first message",
+			max(stored.Seq, done), now.last)
 	}
-	if doneStream == now.id {
-		last = max(last, min(done, now.last))
+	last := max(stored.Seq, done, min(acked, now.last))
+	if last > 0 && last+1 < first && note == "" {
+		note = fmt.Sprintf("the position %d is older than READINGS' first message %d (retention): resuming at the first", last, first)
 	}
-	last = max(last, min(acked, now.last))
-	next = max(last+1, now.first, 1)
-	if last > 0 && last+1 < now.first && note == "" {
-		note = fmt.Sprintf("the position %d is older than READINGS' first message %d (retention): resuming at the first", last, now.first)
-	}
-	return next, note
+	return max(last+1, first), note
 }
 
-// readPosition reads partition p's position; none (or one that cannot be read) is the
-// zero position.
-func (w *Watchdog) readPosition(ctx context.Context, p int) (position, error) {
-	kvs, err := natsx.Stream(ctx, w.js, kvStream)
+// readPosition reads partition p's position and when it was written (server time); none
+// (or one that cannot be read) is the zero position.
+func (w *Watchdog) readPosition(ctx context.Context, p int) (position, time.Time, error) {
+	kvs, err := w.bucket(ctx)
 	if err != nil {
-		return position{}, fmt.Errorf("liveness bucket: %w", err)
+		return position{}, time.Time{}, err
 	}
 	m, err := kvs.GetLastMsgForSubject(ctx, positionSubject(p))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return position{}, nil
+		return position{}, time.Time{}, nil
 	case err != nil:
-		return position{}, fmt.Errorf("position of partition %d: %w", p, err)
+		return position{}, time.Time{}, fmt.Errorf("position of partition %d: %w", p, err)
 	}
 	var pos position
 	if len(m.Data) == 0 || json.Unmarshal(m.Data, &pos) != nil {
 		w.log.Warn("the partition's position in the liveness bucket is unreadable; resuming as without one",
 			"partition", p, "value", string(m.Data))
-		return position{}, nil
+		return position{}, time.Time{}, nil
 	}
-	return pos, nil
+	return pos, m.Time, nil
 }
 
 // resumeFunc is the Spec.Resume of partition p's consumer named name: once drained has
@@ -130,7 +132,7 @@ func (w *Watchdog) resumeFunc(p int, ps *partState, name string, drained func(co
 		}
 		info := st.CachedInfo()
 		now := readingsNow{id: streamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
-		stored, err := w.readPosition(ctx, p)
+		stored, written, err := w.readPosition(ctx, p)
 		if err != nil {
 			return 0, err
 		}
@@ -143,7 +145,13 @@ func (w *Watchdog) resumeFunc(p int, ps *partState, name string, drained func(co
 			return 0, fmt.Errorf("consumer %s: %w", name, err)
 		}
 		ps.mu.Lock()
-		next, note := resumePoint(stored, ps.doneSeq.Load(), ps.stream, acked, now)
+		done := ps.doneSeq.Load()
+		next, note := resumePoint(stored, done, ps.stream, acked, now)
+		own := ps.stream == now.id && done > 0 && next == done+1
+		if note != "" || stored.Stream != now.id || next != stored.Seq+1 {
+			written = time.Time{} // not resumed right after the position
+		}
+		ps.replay = newReplayWindow(next, now.last, own, written, w.cfg.PositionEvery)
 		if ps.stream != now.id {
 			// Progress on another stream says nothing about this one; nothing is in flight
 			// (drained), so the acker cannot store an old sequence after this.

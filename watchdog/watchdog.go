@@ -87,6 +87,8 @@ type Watchdog struct {
 	wake chan struct{}
 	// readings is the READINGS stream handle, looked up by the first declare round.
 	readings atomic.Pointer[jetstream.Stream]
+	// kv is the liveness bucket's stream, looked up by the first use (bucket).
+	kv atomic.Pointer[jetstream.Stream]
 
 	m    metrics
 	gaps *logread.Gaps
