@@ -70,30 +70,40 @@ func runChild() int {
 	return 0
 }
 
+// child starts a watchdog in a child process (runChild) with lost_after la, to die at the
+// crash point crash ("": none).
+func (e *env) child(crash string, la time.Duration) *testenv.Child {
+	e.t.Helper()
+	return testenv.StartChild(e.t, os.Stderr, childEnv+"=1",
+		"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+e.pgURL,
+		"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
+		"LOCKS_TEST_CHILD_LOST_AFTER="+la.String(), crashpoint.Env+"="+crash)
+}
+
+// waitCrashed waits for c to die at its crash point.
+func waitCrashed(t *testing.T, c *testenv.Child) {
+	t.Helper()
+	select {
+	case <-c.Done():
+		if c.ExitCode() != crashpoint.ExitCode {
+			t.Fatalf("child exited with %d, want the crash point's %d", c.ExitCode(), crashpoint.ExitCode)
+		}
+	case <-time.After(20 * time.Second):
+		c.Kill()
+		t.Fatal("the child did not reach the crash point")
+	}
+}
+
 // TestCrashAfterFact kills the watchdog right after it appended a fact and before it marked
 // the key declared; the restarted watchdog settles the same expiry again: still one fact.
 func TestCrashAfterFact(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, lostAfter)
-	pgURL := e.pg.Config().ConnString()
 	f := e.collectFacts()
-	child := func(crash string) *testenv.Child {
-		return testenv.StartChild(t, os.Stderr, childEnv+"=1",
-			"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+pgURL,
-			"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
-			crashpoint.Env+"="+crash)
-	}
+	child := func(crash string) *testenv.Child { return e.child(crash, lostAfter) }
 	first := child("watchdog.after_fact")
 	e.reading("crashy")
-	select {
-	case <-first.Done():
-		if first.ExitCode() != crashpoint.ExitCode {
-			t.Fatalf("child exited with %d, want the crash point's %d", first.ExitCode(), crashpoint.ExitCode)
-		}
-	case <-time.After(20 * time.Second):
-		first.Kill()
-		t.Fatal("the child did not reach the crash point")
-	}
+	waitCrashed(t, first)
 	// Acknowledged before the crash; the collector's subscription may still be behind.
 	testenv.Eventually(t, 10*time.Second, "the fact appended before the crash", func() bool { return len(f.of("crashy")) >= 1 })
 	if n := len(f.of("crashy")); n != 1 {
@@ -142,12 +152,7 @@ func TestCrashBeforePositionWritten(t *testing.T) {
 	const la = 30 * time.Second // every reading writes its key, none expires during the test
 	e := newEnv(t, la)
 	f := e.collectFacts()
-	child := func(crash string) *testenv.Child {
-		return testenv.StartChild(t, os.Stderr, childEnv+"=1",
-			"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+e.pgURL,
-			"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
-			"LOCKS_TEST_CHILD_LOST_AFTER="+la.String(), crashpoint.Env+"="+crash)
-	}
+	child := func(crash string) *testenv.Child { return e.child(crash, la) }
 	var sensors []string
 	for i := range 40 {
 		sensors = append(sensors, "crash"+strconv.Itoa(i))
@@ -166,15 +171,7 @@ func TestCrashBeforePositionWritten(t *testing.T) {
 	})
 	// The second round: the watchdog dies halfway through it.
 	e.appendAll(sensors, last)
-	select {
-	case <-first.Done():
-		if first.ExitCode() != crashpoint.ExitCode {
-			t.Fatalf("child exited with %d, want the crash point's %d", first.ExitCode(), crashpoint.ExitCode)
-		}
-	case <-time.After(20 * time.Second):
-		first.Kill()
-		t.Fatal("the child did not reach the crash point")
-	}
+	waitCrashed(t, first)
 	var positions [testPartitions]position
 	for p := range testPartitions {
 		positions[p] = e.storedPosition(p)
