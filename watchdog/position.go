@@ -152,11 +152,14 @@ func (w *Watchdog) resumeFunc(p int, ps *partState, name string, drained func(co
 			written = time.Time{} // not resumed right after the position
 		}
 		ps.replay = newReplayWindow(next, now.last, own, written, w.cfg.PositionEvery)
-		if ps.stream != now.id {
-			// Progress on another stream says nothing about this one; nothing is in flight
-			// (drained), so the acker cannot store an old sequence after this.
-			ps.stream = now.id
-			ps.doneSeq.Store(0)
+		// The partition's progress is where it resumes: every message before next is
+		// refreshed (or was never in this stream), whatever the progress said before (on
+		// another stream, or ahead of this one). Nothing is in flight (drained), so the
+		// acker cannot store an older sequence after this.
+		ps.stream = now.id
+		ps.doneSeq.Store(next - 1)
+		if stored.Stream == now.id && ps.savedPos.Stream != now.id {
+			ps.savedPos = stored // not written again until it moves
 		}
 		ps.mu.Unlock()
 		if note != "" {
