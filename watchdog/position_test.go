@@ -412,3 +412,50 @@ func TestReplayWindow(t *testing.T) {
 		})
 	}
 }
+
+// The first start after an upgrade finds the partition's file-backed consumer of the
+// earlier releases and no position: it resumes after that consumer's ack floor, with a
+// memory-backed consumer in its place.
+func TestResumesAfterFileConsumerOfEarlierRelease(t *testing.T) {
+	t.Parallel()
+	const la = 30 * time.Second
+	e := newEnv(t, la)
+	sensors := sensorsIn("old", 2, 6)
+	before := map[string]uint64{}
+	e.appendAll(sensors, before)
+	name := DurableDefault + "-2"
+	c, err := e.nats.JS.CreateConsumer(t.Context(), natsx.ReadingsStream, jetstream.ConsumerConfig{
+		Durable: name, FilterSubject: natsx.ReadingsPartitionFilter(2), AckPolicy: jetstream.AckAllPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Fetch(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked jetstream.Msg
+	for m := range b.Messages() {
+		acked = m
+	}
+	if acked == nil {
+		t.Fatal("nothing fetched")
+	}
+	if err := acked.DoubleAck(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := acked.Metadata()
+	_, reg, _ := e.start(Config{LostAfter: la, PositionEvery: 100 * time.Millisecond})
+	want := map[string]uint64{}
+	for _, s := range sensors[4:] {
+		want[s] = before[s]
+	}
+	e.waitKeysAt(want, 10*time.Second)
+	cfg := e.consumerStart(2)
+	if cfg.OptStartSeq != md.Sequence.Stream+1 || !cfg.MemoryStorage {
+		t.Errorf("consumer %s from %d (memory %v), want from %d in memory", name, cfg.OptStartSeq, cfg.MemoryStorage, md.Sequence.Stream+1)
+	}
+	if n := counter(t, reg, "locks_watchdog_refreshes_total"); n != 2 {
+		t.Errorf("%v refreshes, want the 2 readings after the ack floor", n)
+	}
+}
