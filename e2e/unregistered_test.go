@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -229,9 +230,12 @@ func livenessKeys(t *testing.T, js jetstream.JetStream) []string {
 	}
 	var ids []string
 	for k := range lister.Keys() {
-		_, id, ok := strings.Cut(k, ".")
+		p, id, ok := strings.Cut(k, ".")
 		if !ok {
 			t.Fatalf("liveness key %q", k)
+		}
+		if _, err := strconv.Atoi(p); err != nil {
+			continue // not a sensor's key: the watchdog's position of a partition
 		}
 		ids = append(ids, id)
 	}

@@ -10,7 +10,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 )
+
+// CrashAfterRefresh is the crash point (internal/crashpoint) of a reading whose refresh is
+// stored and that the consumer has neither acked nor written into the position.
+const CrashAfterRefresh = "watchdog.after_refresh"
 
 const (
 	// ackEvery is how many messages may be acknowledged by one AckAll at most.
@@ -43,6 +48,8 @@ func (w *Watchdog) acker(ctx context.Context, in <-chan pending, ps *partState, 
 		ps.doneTS.Store(pd.storedNS)
 		ps.doneSeq.Store(pd.seq)
 		done.Add(1)
+		// Stored, and neither acked nor in the partition's position yet.
+		crashpoint.Hit(CrashAfterRefresh)
 		last = pd.msg
 		n++
 		if n%ackEvery == 0 || len(in) == 0 {

@@ -56,6 +56,9 @@ type Config struct {
 	MaxHold time.Duration
 	// PruneEvery is how often the refresh deadlines that have passed are forgotten.
 	PruneEvery time.Duration
+	// PositionEvery is how often each partition's position (position.go) is written while
+	// it moves: a restart re-applies at most about this much of READINGS.
+	PositionEvery time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -82,6 +85,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PruneEvery <= 0 {
 		c.PruneEvery = PruneEveryDefault
+	}
+	if c.PositionEvery <= 0 {
+		c.PositionEvery = PositionEveryDefault
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = lease.TTLDefault

@@ -40,7 +40,7 @@ type partState struct {
 	// doneTS is the stored time (unix ns) of the last READINGS message whose refresh is
 	// acknowledged: every reading stored before it has refreshed its key.
 	doneTS atomic.Int64
-	// doneSeq is the READINGS sequence of that message.
+	// doneSeq is the READINGS sequence of that message, on the stream named by stream.
 	doneSeq atomic.Uint64
 
 	// mu guards reader, written and writtenPeak: the partition's consumer goroutine sets
@@ -56,6 +56,14 @@ type partState struct {
 	written map[sensorKey]uint32
 	// writtenPeak is the most entries since written was last made (see pruneWritten).
 	writtenPeak int
+	// stream is the identity of the READINGS stream the consumer reads (set when it
+	// resumes, "" before), savedPos the position last written (position.go); mu guards them
+	// and keeps doneSeq with its stream.
+	stream   string
+	savedPos position
+	// replay is the part of READINGS that the consumer reads again and that may have been
+	// applied before (replay.go); only the partition's consumer goroutine uses it.
+	replay replayWindow
 }
 
 // consumer is the partition's READINGS consumer, nil before it was first created.
@@ -78,10 +86,13 @@ func (w *Watchdog) consume(ctx context.Context, p int, ps *partState) error {
 		// AckAll: the acker acks in order, and the reader never hands out a message past
 		// one that did not come, so an ack never covers a reading whose key was not written.
 		AckPolicy: jetstream.AckAllPolicy, AckWait: consumerAckWait, MaxAckPending: consumerMaxAckPending,
-		OnGap: w.gaps.OnGap(name),
+		// The partition's position (position.go) is where it resumes, never the consumer's
+		// state: kept in memory, the server does not rewrite its state file under load.
+		MemoryStorage: true,
+		OnGap:         w.gaps.OnGap(name),
 	}
 	for ctx.Err() == nil {
-		if err := w.consumeWith(ctx, spec, ps); err != nil && ctx.Err() == nil {
+		if err := w.consumeWith(ctx, p, spec, ps); err != nil && ctx.Err() == nil {
 			w.log.Warn("READINGS consumer stopped; restarting it", "consumer", name, "err", err)
 			backoff.Sleep(ctx, restartDelay)
 		}
@@ -104,7 +115,7 @@ type pending struct {
 // consumeWith reads spec's consumer, starts each needed refresh asynchronously and hands
 // every message to the acker in order. When the run breaks, the consumer is recreated only
 // once the acker has done all it was handed, right after the last of them.
-func (w *Watchdog) consumeWith(ctx context.Context, spec logread.Spec, ps *partState) error {
+func (w *Watchdog) consumeWith(ctx context.Context, p int, spec logread.Spec, ps *partState) error {
 	acks := make(chan pending, ackQueue)
 	ackDone := make(chan error, 1)
 	var handed, done atomic.Uint64 // messages handed to the acker, and done by it
@@ -113,7 +124,7 @@ func (w *Watchdog) consumeWith(ctx context.Context, spec logread.Spec, ps *partS
 		close(acks)
 		<-ackDone
 	}()
-	spec.Resume = logread.AfterDrained(&handed, &done)
+	spec.Resume = w.resumeFunc(p, ps, spec.Durable, logread.AfterDrained(&handed, &done))
 	r, err := logread.Open(ctx, w.js, spec)
 	if err != nil {
 		return fmt.Errorf("open READINGS consumer: %w", err)
@@ -156,6 +167,8 @@ func (w *Watchdog) handOver(ctx context.Context, msg jetstream.Msg, ps *partStat
 	case l.Kind == event.KindReading && l.Untracked:
 		// Beyond LOCKS_UNREGISTERED_MAX (the bridge's mark): no key, no memory.
 		w.m.untracked.Inc()
+	case l.Kind == event.KindReading && ps.replay.holds(md) && w.keyCovers(ctx, l.SensorID, l.ReceivedTime):
+		w.m.replaySkips.Inc()
 	case l.Kind == event.KindReading && !w.needsRefresh(ps, l.SensorID, l.ReceivedTime):
 		w.m.coalesced.Inc()
 	case l.Kind == event.KindReading:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -48,7 +50,13 @@ func runChild() int {
 		return 1
 	}
 	defer pg.Close()
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+	la := lostAfter
+	if v := os.Getenv("LOCKS_TEST_CHILD_LOST_AFTER"); v != "" {
+		if la, err = time.ParseDuration(v); err != nil {
+			return 1
+		}
+	}
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: la},
 		Deps{JS: js, PG: pg, Logger: log, Registerer: prometheus.NewRegistry(),
 			Lag: RabbitLag(os.Getenv("LOCKS_TEST_CHILD_AMQP"), os.Getenv("LOCKS_TEST_CHILD_QUEUE"), 0, 50*time.Millisecond)})
 	if err != nil {
@@ -62,30 +70,40 @@ func runChild() int {
 	return 0
 }
 
+// child starts a watchdog in a child process (runChild) with lost_after la, to die at the
+// crash point crash ("": none).
+func (e *env) child(crash string, la time.Duration) *testenv.Child {
+	e.t.Helper()
+	return testenv.StartChild(e.t, os.Stderr, childEnv+"=1",
+		"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+e.pgURL,
+		"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
+		"LOCKS_TEST_CHILD_LOST_AFTER="+la.String(), crashpoint.Env+"="+crash)
+}
+
+// waitCrashed waits for c to die at its crash point.
+func waitCrashed(t *testing.T, c *testenv.Child) {
+	t.Helper()
+	select {
+	case <-c.Done():
+		if c.ExitCode() != crashpoint.ExitCode {
+			t.Fatalf("child exited with %d, want the crash point's %d", c.ExitCode(), crashpoint.ExitCode)
+		}
+	case <-time.After(20 * time.Second):
+		c.Kill()
+		t.Fatal("the child did not reach the crash point")
+	}
+}
+
 // TestCrashAfterFact kills the watchdog right after it appended a fact and before it marked
 // the key declared; the restarted watchdog settles the same expiry again: still one fact.
 func TestCrashAfterFact(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, lostAfter)
-	pgURL := e.pg.Config().ConnString()
 	f := e.collectFacts()
-	child := func(crash string) *testenv.Child {
-		return testenv.StartChild(t, os.Stderr, childEnv+"=1",
-			"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+pgURL,
-			"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
-			crashpoint.Env+"="+crash)
-	}
+	child := func(crash string) *testenv.Child { return e.child(crash, lostAfter) }
 	first := child("watchdog.after_fact")
 	e.reading("crashy")
-	select {
-	case <-first.Done():
-		if first.ExitCode() != crashpoint.ExitCode {
-			t.Fatalf("child exited with %d, want the crash point's %d", first.ExitCode(), crashpoint.ExitCode)
-		}
-	case <-time.After(20 * time.Second):
-		first.Kill()
-		t.Fatal("the child did not reach the crash point")
-	}
+	waitCrashed(t, first)
 	// Acknowledged before the crash; the collector's subscription may still be behind.
 	testenv.Eventually(t, 10*time.Second, "the fact appended before the crash", func() bool { return len(f.of("crashy")) >= 1 })
 	if n := len(f.of("crashy")); n != 1 {
@@ -122,5 +140,63 @@ func TestCrashAfterFact(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if n := len(f.of("crashy")); n != 1 {
 		t.Fatalf("%d facts after restart, want 1", n)
+	}
+}
+
+// TestCrashBeforePositionWritten kills the watchdog (with the NATS server, whose memory
+// consumers go with it, as an embedded one's do) right after refreshes that no position
+// covers yet; the restarted watchdog resumes right after the last position written, and
+// every sensor's key ends at its last reading, with no fact.
+func TestCrashBeforePositionWritten(t *testing.T) {
+	t.Parallel()
+	const la = 30 * time.Second // every reading writes its key, none expires during the test
+	e := newEnv(t, la)
+	f := e.collectFacts()
+	child := func(crash string) *testenv.Child { return e.child(crash, la) }
+	var sensors []string
+	for i := range 40 {
+		sensors = append(sensors, "crash"+strconv.Itoa(i))
+	}
+	last := map[string]uint64{}
+	e.appendAll(sensors, last)
+	first := child(CrashAfterRefresh + ":" + strconv.Itoa(len(sensors)+len(sensors)/2))
+	// The first round is applied and in the positions.
+	testenv.Eventually(t, 20*time.Second, "the first round in the positions", func() bool {
+		for _, s := range sensors {
+			if e.storedPosition(partition.Of(s, testPartitions)).Seq < last[s] {
+				return false
+			}
+		}
+		return true
+	})
+	// The second round: the watchdog dies halfway through it.
+	e.appendAll(sensors, last)
+	waitCrashed(t, first)
+	var positions [testPartitions]position
+	for p := range testPartitions {
+		positions[p] = e.storedPosition(p)
+	}
+	uncovered := 0
+	for _, s := range sensors {
+		if last[s] > positions[partition.Of(s, testPartitions)].Seq {
+			uncovered++
+		}
+	}
+	if uncovered < len(sensors)/2 {
+		t.Fatalf("%d readings after the positions %+v at the crash, want at least the %d the watchdog died before", uncovered, positions, len(sensors)/2)
+	}
+	e.nats.Restart(0)
+	child("")
+	e.waitKeysAt(last, 20*time.Second)
+	for p := range testPartitions {
+		if got, want := e.consumerStart(p).OptStartSeq, max(positions[p].Seq+1, 1); got != want {
+			t.Errorf("partition %d resumed at %d, want %d (after its position %+v)", p, got, want, positions[p])
+		}
+	}
+	f.mu.Lock()
+	n := len(f.all)
+	f.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d facts, want none: every sensor reported within lost_after", n)
 	}
 }

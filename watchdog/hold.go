@@ -92,6 +92,11 @@ func (w *Watchdog) declareLoop(ctx context.Context) error {
 func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]int64) (map[int]int64, error) {
 	var mu sync.Mutex
 	out := map[int]int64{}
+	set := func(p int, upTo int64) {
+		mu.Lock()
+		out[p] = upTo
+		mu.Unlock()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	for p, newest := range parts {
 		ps := w.part(p)
@@ -100,12 +105,12 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]int64) (map[int]i
 			cons = ps.consumer()
 		}
 		if cons == nil {
-			out[p] = 0 // not ours (any more), or not consuming yet: settle drops its expiries
+			set(p, 0) // not ours (any more), or not consuming yet: settle drops its expiries
 			continue
 		}
 		done := ps.doneTS.Load()
 		if newest <= done {
-			out[p] = done
+			set(p, done) // the partitions asked meanwhile write out too
 			continue
 		}
 		g.Go(func() error {
@@ -120,9 +125,7 @@ func (w *Watchdog) caughtUp(ctx context.Context, parts map[int]int64) (map[int]i
 			if info.NumPending == 0 {
 				upTo = int64(^uint64(0) >> 1)
 			}
-			mu.Lock()
-			out[p] = upTo
-			mu.Unlock()
+			set(p, upTo)
 			return nil
 		})
 	}
@@ -216,6 +219,19 @@ func (w *Watchdog) readingsStream(ctx context.Context) (jetstream.Stream, error)
 		return nil, fmt.Errorf("READINGS: %w", err)
 	}
 	w.readings.Store(&s)
+	return s, nil
+}
+
+// bucket is the liveness bucket's stream, looked up once.
+func (w *Watchdog) bucket(ctx context.Context) (jetstream.Stream, error) {
+	if s := w.kv.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := w.js.Stream(ctx, kvStream)
+	if err != nil {
+		return nil, fmt.Errorf("liveness bucket: %w", err)
+	}
+	w.kv.Store(&s)
 	return s, nil
 }
 

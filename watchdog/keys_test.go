@@ -89,6 +89,7 @@ func TestSensorOfSubject(t *testing.T) {
 		{"$KV.liveness.4.door0", ""},                // beyond the partition count
 		{"$KV.liveness.-1.door0", ""},               // no partition
 		{"$KV.liveness.x.door0", ""},                // not a number
+		{positionSubject(1), ""},                    // a partition's position (position.go)
 		{"$KV.liveness.1", ""},                      // no sensor
 		{"$KV.liveness.", ""},                       // no key
 		{"$KV.bridge_sessions.1.a", ""},             // another bucket

@@ -8,7 +8,7 @@ import (
 
 type metrics struct {
 	refreshes, expiries, facts, refreshedOnCheck, alreadyDeclared, repairs prometheus.Counter
-	coalesced, untracked                                                   prometheus.Counter
+	coalesced, untracked, replaySkips                                      prometheus.Counter
 	held, oldestHeld, queued                                               prometheus.Gauge
 	declaredAtMaxHold                                                      prometheus.Counter
 	delay, markerLag                                                       prometheus.Histogram
@@ -19,6 +19,8 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	m := metrics{
 		refreshes: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_total", Help: "Liveness keys refreshed by readings."}),
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_refreshes_coalesced_total", Help: "Readings whose key refresh was skipped: the key's deadline was within lost_after/4 of theirs."}),
+		replaySkips: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_replayed_refreshes_skipped_total",
+			Help: "Readings read again after a resume from an older position whose key already stood for them or a newer reading: not written again."}),
 		untracked: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_untracked_readings_total",
 			Help: "Readings the bridge marked untracked (unregistered, beyond LOCKS_UNREGISTERED_MAX): no liveness key."}),
 		expiries:         prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_watchdog_expiries_total", Help: "Liveness key expiries (limit markers) seen."}),
@@ -38,7 +40,7 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 		markerLag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "locks_watchdog_marker_lag_seconds", Help: "From a sensor's deadline to the server's expiry marker of its key.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300}}),
 	}
-	err := part.Register(reg, "watchdog", m.refreshes, m.coalesced, m.untracked, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared,
+	err := part.Register(reg, "watchdog", m.refreshes, m.coalesced, m.replaySkips, m.untracked, m.expiries, m.facts, m.refreshedOnCheck, m.alreadyDeclared,
 		m.repairs, m.held, m.oldestHeld, m.queued, m.declaredAtMaxHold, m.delay, m.markerLag)
 	return m, err
 }

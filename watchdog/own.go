@@ -24,7 +24,15 @@ func (w *Watchdog) own(ctx context.Context, p int, _ int64) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.consume(gctx, p, ps) })
 	g.Go(func() error { return w.watch(gctx, p) })
-	return g.Wait()
+	err := g.Wait()
+	// The next owner (or this process after a restart) resumes exactly where this one
+	// stopped; a process killed before this resumes from the position written last.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), positionWriteWait)
+	defer cancel()
+	if serr := w.savePosition(sctx, p, ps); serr != nil {
+		w.log.Info("position not written at stop; the next owner resumes from the last one written", "partition", p, "err", serr)
+	}
+	return err
 }
 
 // disown forgets partition p and the expiries held for its sensors: its new owner's watch

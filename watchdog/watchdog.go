@@ -87,6 +87,8 @@ type Watchdog struct {
 	wake chan struct{}
 	// readings is the READINGS stream handle, looked up by the first declare round.
 	readings atomic.Pointer[jetstream.Stream]
+	// kv is the liveness bucket's stream, looked up by the first use (bucket).
+	kv atomic.Pointer[jetstream.Stream]
 
 	m    metrics
 	gaps *logread.Gaps
@@ -152,6 +154,9 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.PruneEvery, func(context.Context) error { w.pruneWritten(w.clock.Now()); return nil }, "prune refresh deadlines")
+	})
+	g.Go(func() error {
+		return w.every(gctx, w.cfg.PositionEvery, w.savePositions, "write READINGS positions")
 	})
 	g.Go(func() error {
 		return w.every(gctx, w.cfg.SweepEvery, func(ctx context.Context) error { _, err := w.Sweep(ctx); return err }, "reconciliation sweep")
