@@ -46,13 +46,6 @@ type position struct {
 	Stream string `json:"stream"`
 }
 
-// streamIdentity names a stream by its creation time, as projector/state names READINGS in
-// its checkpoints: a new stream (a lost or replaced store) has another, a restart or a
-// restored backup keeps it.
-func streamIdentity(info *jetstream.StreamInfo) string {
-	return info.Created.UTC().Format(time.RFC3339Nano)
-}
-
 // readingsNow is READINGS as a consumer (re)opens on it: its identity and extent.
 type readingsNow struct {
 	id          string
@@ -131,7 +124,7 @@ func (w *Watchdog) resumeFunc(p int, ps *partState, name string, drained func(co
 			return 0, fmt.Errorf("READINGS: %w", err)
 		}
 		info := st.CachedInfo()
-		now := readingsNow{id: streamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
+		now := readingsNow{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
 		stored, written, err := w.readPosition(ctx, p)
 		if err != nil {
 			return 0, err

@@ -108,7 +108,7 @@ func (e *env) readingsID() string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return streamIdentity(s.CachedInfo())
+	return natsx.StreamIdentity(s.CachedInfo())
 }
 
 // keyValueOf is sensor's key as it stands (ok false: none, or an expiry marker).
