@@ -12,14 +12,14 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// The migrated history tables (system.columns lists them in table order: 18.16 has no
+// The migrated history tables and the positions table (system.columns lists them in table order: 18.16 has no
 // position column) have exactly the columns internal/chschema lists, in its order
 // and with its types: the writer, its rebuild and the reader build their SQL from that list,
 // so a column changed in one place and not the other fails here.
 func TestClickHouseTablesMatchSchema(t *testing.T) {
 	t.Parallel()
 	_, ch := testenv.ClickHouse(t)
-	for _, tb := range chschema.Tables {
+	for _, tb := range append(slices.Clone(chschema.Tables), chschema.Positions) {
 		rows, err := ch.Query(t.Context(), `SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = ?`, tb.Name)
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +72,7 @@ func TestClickHouseRenderedSchemaIsMigrated(t *testing.T) {
 		}
 		return strings.ReplaceAll(q, db+".", "")
 	}
-	for _, tb := range chschema.Tables {
+	for _, tb := range append(slices.Clone(chschema.Tables), chschema.Positions) {
 		if m, r := create(migrated, tb.Name), create(rendered, tb.Name); m != r {
 			t.Errorf("%s:\nmigrated %s\nrendered %s", tb.Name, m, r)
 		}

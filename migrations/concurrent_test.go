@@ -99,7 +99,7 @@ func TestClickHouseMigratesOnceAcrossProcesses(t *testing.T) {
 		tables = append(tables, n)
 	}
 	r.Close()
-	if got := strings.Join(tables, ","); got != "deliveries,events,readings,schema_migrations" {
+	if got := strings.Join(tables, ","); got != "deliveries,events,history_positions,readings,schema_migrations" {
 		t.Fatalf("tables after the migrations: %s", got)
 	}
 }

@@ -21,9 +21,16 @@ type Table struct {
 	// Defaults are DEFAULT expressions by column, for rows copied from an older schema.
 	Defaults map[string]string
 	// Engine is the single-node MergeTree engine; a cluster uses its Replicated twin.
-	Engine      string
+	Engine string
+	// Version is the engine's version column (ReplacingMergeTree keeps the row with the
+	// highest); empty for none.
+	Version     string
 	PartitionBy string
 	OrderBy     string
+	// Everywhere: on a cluster, one replicated table whose every node holds all of it
+	// (one ZooKeeper path, no shard, no Distributed table over it), for a few rows that any
+	// node must read whole.
+	Everywhere bool
 }
 
 // The history tables.
@@ -55,6 +62,16 @@ var (
 		Engine: "ReplacingMergeTree", PartitionBy: "toYYYYMM(time)",
 		OrderBy: "(client_id, time, time_ms, event_id, attempt)"}
 )
+
+// Positions is where the history projector resumes each of its consumers: source names the
+// consumer, stream the stream's identity (its creation time), seq the last stream sequence
+// whose message is written (every message of source up to it is). Written after the rows, in
+// one small INSERT per batch; the newest row of a source wins (written is unix nanoseconds).
+// Not a history table: no rebuild swaps it, no retention drops it.
+var Positions = Table{Name: "history_positions", Columns: []Column{
+	{"source", "String"}, {"stream", "String"}, {"seq", "UInt64"}, {"written", "UInt64"},
+},
+	Engine: "ReplacingMergeTree", Version: "written", OrderBy: "source", Everywhere: true}
 
 // Tables are the history tables, in the order the projector writes them.
 var Tables = []Table{Readings, Events, Deliveries}

@@ -36,28 +36,40 @@ const ShardKey = "sipHash64(sensor_id)"
 // Create is the DDL that makes t in l, repeatable (IF NOT EXISTS). One node: the table
 // itself. A cluster: t + LocalSuffix, replicated, on every node (ON CLUSTER), with the
 // servers' {shard} and {replica} macros in its ZooKeeper path, and the Distributed table t
-// over them.
+// over them; a table made Everywhere is t itself, replicated to every node under one path.
 func (t Table) Create(l Layout) []string {
-	keys := fmt.Sprintf(" PARTITION BY %s ORDER BY %s", t.PartitionBy, t.OrderBy)
+	keys := " ORDER BY " + t.OrderBy
+	if t.PartitionBy != "" {
+		keys = " PARTITION BY " + t.PartitionBy + keys
+	}
+	version := ""
+	if t.Version != "" {
+		version = ", " + t.Version
+	}
 	if l.Cluster == "" {
 		return []string{"CREATE TABLE IF NOT EXISTS " + t.Name + " " + t.columnsDDL() +
-			" ENGINE = " + t.Engine + "()" + keys}
+			" ENGINE = " + t.Engine + "(" + t.Version + ")" + keys}
+	}
+	on := " ON CLUSTER " + l.Cluster
+	if t.Everywhere {
+		path := fmt.Sprintf("'/clickhouse/tables/%s/%s'", l.Database, t.Name)
+		return []string{"CREATE TABLE IF NOT EXISTS " + l.Database + "." + t.Name + on + " " + t.columnsDDL() +
+			" ENGINE = Replicated" + t.Engine + "(" + path + ", '{replica}'" + version + ")" + keys}
 	}
 	local := l.Database + "." + t.Name + LocalSuffix
-	on := " ON CLUSTER " + l.Cluster
 	path := fmt.Sprintf("'/clickhouse/tables/{shard}/%s/%s%s'", l.Database, t.Name, LocalSuffix)
 	return []string{
 		"CREATE TABLE IF NOT EXISTS " + local + on + " " + t.columnsDDL() +
-			" ENGINE = Replicated" + t.Engine + "(" + path + ", '{replica}')" + keys,
+			" ENGINE = Replicated" + t.Engine + "(" + path + ", '{replica}'" + version + ")" + keys,
 		"CREATE TABLE IF NOT EXISTS " + l.Database + "." + t.Name + on + " AS " + local +
 			fmt.Sprintf(" ENGINE = Distributed(%s, %s, %s%s, %s)", l.Cluster, l.Database, t.Name, LocalSuffix, ShardKey),
 	}
 }
 
-// Create is the DDL of every history table in l.
+// Create is the DDL of every history table in l, and of Positions.
 func Create(l Layout) []string {
 	var out []string
-	for _, t := range Tables {
+	for _, t := range append(Tables[:len(Tables):len(Tables)], Positions) {
 		out = append(out, t.Create(l)...)
 	}
 	return out
