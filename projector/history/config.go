@@ -17,6 +17,11 @@ import (
 // the ReplacingMergeTree tables and the collapsing queries must absorb.
 const CrashAfterInsert = "history.after_insert"
 
+// CrashAfterPosition is the crash point between the INSERT of a batch's positions
+// (positions.go) and the acks of its messages: a process killed there must resume after the
+// positions, not where the consumers' acks stood.
+const CrashAfterPosition = "history.after_position"
+
 // Defaults of Config.
 const (
 	BatchSizeDefault     = 10_000

@@ -82,6 +82,10 @@ type item struct {
 	src   *source // where msg came from
 	row   any
 	stamp time.Time // stream time of the message, for the lag
+	// seq is the message's stream sequence (0: unknown), and stream the identity of its
+	// stream (a partition's): once the row is written, the source's position.
+	seq    uint64
+	stream string
 }
 
 // source is one durable consumer feeding a sink.
@@ -93,6 +97,17 @@ type source struct {
 	numPending  atomic.Uint64
 	// handed and done count the messages given to the sink and those it has acked.
 	handed, done atomic.Uint64
+	// pos is where the source resumes: read from ClickHouse at start, then (a partition's)
+	// the last message handed to the sink. Only the source's consumer goroutine uses it.
+	pos position
+	// shared is the DELIVERIES consumer as last opened, for the sink's position of it.
+	shared atomic.Pointer[sharedConsumer]
+}
+
+// sharedConsumer is the shared DELIVERIES consumer and the identity of its stream.
+type sharedConsumer struct {
+	cons   jetstream.Consumer
+	stream string
 }
 
 // Run consumes until ctx is done, then writes and acks what it holds (within ShutdownGrace).
@@ -104,22 +119,18 @@ func (h *Projector) Run(ctx context.Context) error {
 	type job struct {
 		sink *sink
 		src  *source
-		cons jetstream.Consumer // the shared DELIVERIES consumer; nil for a partition's
 	}
 	var jobs []job
+	var srcs []*source
 	for _, s := range h.sinks {
 		for _, src := range s.sources(h.cfg) {
 			s.srcs = append(s.srcs, src)
-			if src.partitioned {
-				jobs = append(jobs, job{s, src, nil})
-				continue
-			}
-			cons, err := h.js.CreateOrUpdateConsumer(ctx, src.stream, h.consumerConfig(s, src))
-			if err != nil {
-				return fmt.Errorf("history: consumer %s on %s: %w", src.durable, src.stream, err)
-			}
-			jobs = append(jobs, job{s, src, cons})
+			srcs = append(srcs, src)
+			jobs = append(jobs, job{s, src})
 		}
+	}
+	if !h.loadPositions(ctx, srcs) {
+		return nil
 	}
 	// Sinks outlive ctx by ShutdownGrace, so that what sources drain is still written.
 	sinkCtx, cancelSinks := context.WithCancel(context.WithoutCancel(ctx))
@@ -144,10 +155,10 @@ func (h *Projector) Run(ctx context.Context) error {
 		wg.Add(1)
 		g.Go(func() error {
 			defer wg.Done()
-			if j.cons == nil {
+			if j.src.partitioned {
 				return h.consumePartition(gctx, sinkCtx, j.src, j.sink)
 			}
-			return h.consume(gctx, sinkCtx, j.cons, j.src, j.sink)
+			return h.consume(gctx, sinkCtx, j.src, j.sink)
 		})
 	}
 	for _, s := range h.sinks {
@@ -166,7 +177,48 @@ func (h *Projector) Run(ctx context.Context) error {
 	return nil
 }
 
-// consumerConfig is the durable consumer of src, which feeds s.
+// loadPositions reads where srcs resume from ClickHouse, trying again until it can or ctx is
+// done (false).
+func (h *Projector) loadPositions(ctx context.Context, srcs []*source) bool {
+	names := make([]string, len(srcs))
+	for i, src := range srcs {
+		names[i] = src.durable
+	}
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	for {
+		ps, err := readPositions(ctx, h.ch, names)
+		if err == nil {
+			for _, src := range srcs {
+				src.pos = ps[src.durable]
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		h.log.Warn("history: reading where the consumers resume; retrying", "err", err)
+		retry.Wait(ctx)
+	}
+}
+
+// startFrom is where src, at p, reads next in st; a start elsewhere than right after p is
+// logged and counted.
+func (h *Projector) startFrom(ctx context.Context, src *source, table string, p position, st streamAt) uint64 {
+	start, why := startAt(p, st)
+	if why != "" {
+		lvl := slog.LevelError
+		if why == resetTruncated {
+			lvl = slog.LevelWarn
+		}
+		h.log.Log(ctx, lvl, "history: a consumer does not resume at its position", "consumer", src.durable,
+			"reason", explainReset(why, p, st, start))
+		h.m.resets.WithLabelValues(table, why).Inc()
+	}
+	return start
+}
+
+// consumerConfig is the durable consumer of src, which feeds s. It is kept in memory: where
+// it resumes is in ClickHouse (positions.go).
 func (h *Projector) consumerConfig(s *sink, src *source) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       src.durable,
@@ -177,20 +229,22 @@ func (h *Projector) consumerConfig(s *sink, src *source) jetstream.ConsumerConfi
 		AckWait:       h.cfg.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: h.cfg.MaxAckPending,
+		MemoryStorage: true,
 	}
 }
 
 // consumePartition feeds one partition's messages to its sink as contiguous runs (logread)
-// until ctx is done. When a run breaks, the consumer is recreated only once the sink has
-// written and acked everything it was handed, right after the last of it: its ack floor is
-// the projection's checkpoint.
+// until ctx is done. Its consumer, in memory, starts after the position read from ClickHouse;
+// when a run breaks (or NATS restarted and the consumer is gone), it is recreated only once
+// the sink has written and acked everything it was handed, right after the last of it.
 func (h *Projector) consumePartition(ctx, sinkCtx context.Context, src *source, s *sink) error {
 	cfg := h.consumerConfig(s, src)
 	spec := logread.Spec{
 		Stream: src.stream, Filter: src.filter, Durable: src.durable, Description: cfg.Description,
 		AckPolicy: cfg.AckPolicy, AckWait: cfg.AckWait, MaxAckPending: cfg.MaxAckPending,
-		Resume: logread.AfterDrained(&src.handed, &src.done),
-		OnGap:  h.gaps.OnGap(src.durable),
+		MemoryStorage: true,
+		Resume:        h.resume(src, s.table.name),
+		OnGap:         h.gaps.OnGap(src.durable),
 	}
 	retry := backoff.New(100*time.Millisecond, time.Second)
 	var r *logread.Reader
@@ -217,6 +271,9 @@ func (h *Projector) consumePartition(ctx, sinkCtx context.Context, src *source, 
 				return nil
 			}
 			src.handed.Add(1)
+			if it.seq > 0 {
+				src.pos.seq = it.seq
+			}
 			select {
 			case s.in <- it:
 			case <-sinkCtx.Done():
@@ -227,18 +284,114 @@ func (h *Projector) consumePartition(ctx, sinkCtx context.Context, src *source, 
 	return nil
 }
 
+// resume is the Spec.Resume of a partition's source: once the sink has written all it was
+// handed, right after src.pos (the position read at start, then the last message handed),
+// checked against the stream as it is now.
+func (h *Projector) resume(src *source, table string) func(context.Context) (uint64, error) {
+	drained := logread.AfterDrained(&src.handed, &src.done)
+	return func(ctx context.Context) (uint64, error) {
+		if _, err := drained(ctx); err != nil {
+			return 0, err
+		}
+		st, err := streamNow(ctx, h.js, src.stream)
+		if err != nil {
+			return 0, err
+		}
+		start := h.startFrom(ctx, src, table, src.pos, st)
+		src.pos = position{stream: st.id, seq: start - 1}
+		return start, nil
+	}
+}
+
 // idleWait is how long a read of an idle partition waits for a message; a delivery lost at
 // the tail is noticed after it.
 const idleWait = time.Second
 
 // consume feeds the shared DELIVERIES consumer's messages to its sink until ctx is done,
-// then drains what the client already pulled so that those messages are written now rather
-// than redelivered later. Its messages are split between the history processes, so its
-// consumer sequence has gaps by design: a lost one comes again after AckWait.
-func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consumer, src *source, s *sink) error {
-	it, err := cons.Messages(jetstream.PullMaxMessages(min(h.cfg.BatchSize, 2000)))
+// opening the consumer again whenever it is gone (NATS restarted: it lived in memory).
+func (h *Projector) consume(ctx, sinkCtx context.Context, src *source, s *sink) error {
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		cons, err := h.openShared(ctx, s, src)
+		if err == nil {
+			if err = h.consumeShared(ctx, sinkCtx, cons, src, s); err == nil {
+				return nil
+			}
+		}
+		if ctx.Err() == nil {
+			h.log.Warn("history: reading DELIVERIES; opening its consumer again", "consumer", src.durable, "err", err)
+			retry.Wait(ctx)
+		}
+	}
+	return nil
+}
+
+// openShared returns the DELIVERIES consumer that every history process shares, creating it
+// when none is there (the first process, or NATS restarted and the memory consumer is gone)
+// after the position in ClickHouse: the ack floor some process wrote after the rows, so
+// never past a message not written. A file-backed consumer left by an earlier version is
+// replaced by a memory one at its ack floor.
+func (h *Projector) openShared(ctx context.Context, s *sink, src *source) (jetstream.Consumer, error) {
+	st, err := streamNow(ctx, h.js, src.stream)
 	if err != nil {
-		return fmt.Errorf("history: consume %s: %w", src.durable, err)
+		return nil, err
+	}
+	cfg := h.consumerConfig(s, src)
+	var p position
+	cons, err := h.js.Consumer(ctx, src.stream, src.durable)
+	switch {
+	case err == nil && cons.CachedInfo().Config.MemoryStorage:
+		if c := cons.CachedInfo().Config; c.AckWait != cfg.AckWait || c.MaxAckPending != cfg.MaxAckPending {
+			c.AckWait, c.MaxAckPending = cfg.AckWait, cfg.MaxAckPending
+			if cons, err = h.js.UpdateConsumer(ctx, src.stream, c); err != nil {
+				return nil, fmt.Errorf("update consumer %s: %w", src.durable, err)
+			}
+		}
+		src.shared.Store(&sharedConsumer{cons: cons, stream: st.id})
+		return cons, nil
+	case err == nil:
+		p = position{stream: st.id, seq: cons.CachedInfo().AckFloor.Stream}
+		if err := h.js.DeleteConsumer(ctx, src.stream, src.durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("replace the file-backed consumer %s: %w", src.durable, err)
+		}
+		h.log.Info("history: the file-backed DELIVERIES consumer is replaced by a memory one at its ack floor",
+			"consumer", src.durable, "ack_floor", p.seq)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		ps, err := readPositions(ctx, h.ch, []string{src.durable})
+		if err != nil {
+			return nil, err
+		}
+		p = ps[src.durable]
+	default:
+		return nil, fmt.Errorf("consumer %s: %w", src.durable, err)
+	}
+	cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, h.startFrom(ctx, src, s.table.name, p, st)
+	cons, err = h.js.CreateConsumer(ctx, src.stream, cfg)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		// Another history process made it meanwhile, from a position as safe as this one.
+		cons, err = h.js.Consumer(ctx, src.stream, src.durable)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s: %w", src.durable, err)
+	}
+	src.shared.Store(&sharedConsumer{cons: cons, stream: st.id})
+	return cons, nil
+}
+
+// sharedHeartbeat is how often the server says an idle pull of DELIVERIES is alive; two
+// missed mean the consumer is gone (NATS restarted) or unreachable, and it is opened again.
+const sharedHeartbeat = 2 * time.Second
+
+// consumeShared feeds cons's messages to the sink until ctx is done, then drains what the
+// client already pulled so that those messages are written now rather than redelivered
+// later: nil. Its messages are split between the history processes, so its consumer
+// sequence has gaps by design: a lost one comes again after AckWait. An error: the consumer
+// is gone or silent, to be opened again.
+func (h *Projector) consumeShared(ctx, sinkCtx context.Context, cons jetstream.Consumer, src *source, s *sink) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(min(h.cfg.BatchSize, 2000)),
+		jetstream.PullHeartbeat(sharedHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", src.durable, err)
 	}
 	stop := context.AfterFunc(ctx, it.Drain)
 	defer stop()
@@ -249,10 +402,11 @@ func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consume
 	for {
 		msg, err := it.Next()
 		switch {
-		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil:
 			return nil
-		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
-			return fmt.Errorf("history: consumer %s: %w", src.durable, err)
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrNoHeartbeat),
+			errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+			return fmt.Errorf("consumer %s: %w", src.durable, err)
 		case err != nil:
 			h.log.Warn("history: pulling messages", "consumer", src.durable, "err", err)
 			continue
@@ -273,9 +427,9 @@ func (h *Projector) consume(ctx, sinkCtx context.Context, cons jetstream.Consume
 // row. False: the set-aside record could not be written before the stop (msg is not acked and
 // comes back).
 func (h *Projector) decode(sinkCtx context.Context, msg jetstream.Msg, src *source, s *sink) (item, bool) {
-	it := item{msg: msg, src: src}
+	it := item{msg: msg, src: src, stream: src.pos.stream}
 	if md, err := msg.Metadata(); err == nil {
-		it.stamp = md.Timestamp
+		it.stamp, it.seq = md.Timestamp, md.Sequence.Stream
 		src.numPending.Store(md.NumPending)
 		it.row, err = s.table.decode(msg.Subject(), msg.Data(), md, h.cfg.PartitionCount)
 		refused := errors.Is(err, event.ErrInvalid)

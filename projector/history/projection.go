@@ -2,9 +2,8 @@ package history
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/lock-sensors/lock-sensors/internal/rebuild"
@@ -21,32 +20,34 @@ func NewProjection(rebuilds RebuildConfig, deps RebuildDeps) rebuild.Projection 
 			c.FromSeq, c.Progress, d.Logger = s.FromSeq, s.Progress, s.Logger
 			return NewRebuild(c, d)
 		},
-		List: infos,
+		List: func(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
+			return infos(ctx, deps.CH, readings, partitionCount)
+		},
 	}
 }
 
-// infos lists the history projection. It keeps no checkpoint of its own: the ack floor of
-// its READINGS durable consumers (of the default name) is its checkpoint, and their
-// num_pending plus num_ack_pending its lag.
-func infos(ctx context.Context, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
+// infos lists the history projection: per partition, the position of its READINGS consumer
+// (of the default name) in ClickHouse is its checkpoint (0 when it has none, or one of
+// another stream, which the projector reads again from the start), and the partition's
+// messages after it its lag.
+func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
+	names := make([]string, partitionCount)
+	for pt := range partitionCount {
+		names[pt] = readingsConsumer(DurableDefault, pt)
+	}
+	ps, err := readPositions(ctx, ch, names)
+	if err != nil {
+		return nil, err
+	}
+	id := streamIdentity(readings.CachedInfo())
 	info := rebuild.Info{Name: Name}
 	for pt := range partitionCount {
 		part := rebuild.PartitionInfo{Partition: pt}
-		cons, err := readings.Consumer(ctx, readingsConsumer(DurableDefault, pt))
-		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			// Never run: nothing applied.
-			if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, 0); err != nil {
-				return nil, err
-			}
-		case err != nil:
-			return nil, fmt.Errorf("history consumer of partition %d: %w", pt, err)
-		default:
-			ci := cons.CachedInfo()
-			part.Checkpoint, part.Lag = ci.AckFloor.Stream, ci.NumPending+uint64(ci.NumAckPending)
-			if part.LastSeq, err = rebuild.PartitionLastSeq(ctx, readings, pt); err != nil {
-				return nil, err
-			}
+		if p := ps[names[pt]]; p.stream == id {
+			part.Checkpoint = p.seq
+		}
+		if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, part.Checkpoint); err != nil {
+			return nil, err
 		}
 		info.Partitions = append(info.Partitions, part)
 		info.Lag += part.Lag

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/chschema"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
@@ -210,6 +211,8 @@ func (s *sink) flush(ctx context.Context, b []item) {
 		}
 	}
 	crashpoint.Hit(CrashAfterInsert)
+	s.savePositions(ctx, b)
+	crashpoint.Hit(CrashAfterPosition)
 	for _, it := range b {
 		if err := it.msg.Ack(); err != nil {
 			// The row is written; a lost ack means a redelivery, which the table collapses.
@@ -219,6 +222,49 @@ func (s *sink) flush(ctx context.Context, b []item) {
 	}
 	s.h.m.rows.WithLabelValues(s.table.name).Add(float64(len(rows)))
 	s.h.m.batches.WithLabelValues(s.table.name).Inc()
+}
+
+// savePositions writes, in one INSERT, where the sources of b resume now that b's rows are
+// written: a partition's after its last message in b, DELIVERIES' after its consumer's ack
+// floor (the batches before this one: this one is acked next). A failure leaves the positions
+// behind, which costs only writing the tail again; the next batch writes them anew.
+func (s *sink) savePositions(ctx context.Context, b []item) {
+	ps := map[string]position{}
+	for _, it := range b {
+		if it.src.partitioned {
+			if it.seq > 0 {
+				ps[it.src.durable] = position{stream: it.stream, seq: it.seq}
+			}
+			continue
+		}
+		if _, ok := ps[it.src.durable]; ok {
+			continue
+		}
+		ps[it.src.durable] = position{}
+		if sc := it.src.shared.Load(); sc != nil {
+			ictx, cancel := context.WithTimeout(ctx, natsx.RequestTimeout)
+			info, err := sc.cons.Info(ictx)
+			cancel()
+			if err == nil {
+				ps[it.src.durable] = position{stream: sc.stream, seq: info.AckFloor.Stream}
+			}
+		}
+	}
+	for src, p := range ps {
+		if p.seq == 0 {
+			delete(ps, src)
+		}
+	}
+	if len(ps) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.InsertTimeout)
+	defer cancel()
+	if err := writePositions(ctx, s.h.ch, ps, time.Now()); err != nil {
+		s.h.m.errors.WithLabelValues(chschema.Positions.Name).Inc()
+		s.h.log.Warn("history: the rows are written, but not where their consumers resume; a restart writes them again",
+			"table", s.table.name, "err", err)
+	}
 }
 
 func (s *sink) insert(ctx context.Context, cols []any) error {
