@@ -1,0 +1,234 @@
+package history
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
+	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
+)
+
+func TestStartAt(t *testing.T) {
+	t.Parallel()
+	s := streamAt{id: "B", first: 100, last: 500}
+	for _, c := range []struct {
+		name  string
+		p     position
+		s     streamAt
+		start uint64
+		why   string
+	}{
+		{"none", position{}, s, 100, ""},
+		{"none, new stream", position{}, streamAt{id: "B"}, 1, ""},
+		{"inside", position{"B", 250}, s, 251, ""},
+		{"at the end", position{"B", 500}, s, 501, ""},
+		{"just before the first", position{"B", 99}, s, 100, ""},
+		{"removed by the limits", position{"B", 42}, s, 100, resetTruncated},
+		{"ahead of the stream", position{"B", 501}, s, 100, resetAhead},
+		{"another stream", position{"A", 250}, s, 100, resetOtherStream},
+		{"another stream, new and empty", position{"A", 250}, streamAt{id: "B"}, 1, resetOtherStream},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			start, why := startAt(c.p, c.s)
+			if start != c.start || why != c.why {
+				t.Fatalf("startAt(%+v, %+v) = %d, %q; want %d, %q", c.p, c.s, start, why, c.start, c.why)
+			}
+		})
+	}
+}
+
+// historyPositions are the positions of the default consumers of every partition: READINGS'
+// and EVENTS', by partition, and DELIVERIES'.
+func historyPositions(t testing.TB, e *historyEnv) (readings, events map[int]position, deliveries position) {
+	t.Helper()
+	names := []string{DurableDefault + "_deliveries"}
+	for p := range historyPartitions {
+		names = append(names, readingsConsumer(DurableDefault, p), DurableDefault+"_events_"+strconv.Itoa(p))
+	}
+	ps, err := readPositions(t.Context(), e.ch, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readings, events = map[int]position{}, map[int]position{}
+	for p := range historyPartitions {
+		readings[p], events[p] = ps[readingsConsumer(DurableDefault, p)], ps[DurableDefault+"_events_"+strconv.Itoa(p)]
+	}
+	return readings, events, ps[DurableDefault+"_deliveries"]
+}
+
+// historyStream is the identity and extent of stream now.
+func historyStream(t testing.TB, e *historyEnv, stream string) streamAt {
+	t.Helper()
+	st, err := streamNow(t.Context(), e.nats.JS, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// historyLastOf is the stream sequence of the last message under subject (0: none).
+func historyLastOf(t testing.TB, e *historyEnv, stream, subject string) uint64 {
+	t.Helper()
+	st, err := e.nats.JS.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetLastMsgForSubject(t.Context(), subject)
+	if err != nil {
+		return 0
+	}
+	return m.Sequence
+}
+
+// historyWaitPositions waits until every READINGS and EVENTS partition's position is its last
+// message in the stream as it is now.
+func historyWaitPositions(t testing.TB, e *historyEnv) {
+	t.Helper()
+	rid, eid := historyStream(t, e, natsx.ReadingsStream).id, historyStream(t, e, natsx.EventsStream).id
+	want := map[string]position{}
+	for p := range historyPartitions {
+		want["r"+strconv.Itoa(p)] = position{rid, historyLastOf(t, e, natsx.ReadingsStream, natsx.ReadingsPartitionFilter(p))}
+		want["e"+strconv.Itoa(p)] = position{eid, historyLastOf(t, e, natsx.EventsStream, natsx.EventsPartitionFilter(p))}
+	}
+	var got map[string]position
+	testenv.Eventually(t, 30*time.Second, "the positions at the partitions' last messages", func() bool {
+		r, ev, _ := historyPositions(t, e)
+		got = map[string]position{}
+		for p := range historyPartitions {
+			if w := want["r"+strconv.Itoa(p)]; w.seq > 0 {
+				got["r"+strconv.Itoa(p)] = r[p]
+			}
+			if w := want["e"+strconv.Itoa(p)]; w.seq > 0 {
+				got["e"+strconv.Itoa(p)] = ev[p]
+			}
+		}
+		for k, g := range got {
+			if g != want[k] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func historyPublishEvents(t testing.TB, js jetstream.JetStream, sensor string, from, to int64, base time.Time) {
+	t.Helper()
+	for rev := from; rev <= to; rev++ {
+		ev := event.Event{V: event.Version, ID: event.ID(sensor, rev), Type: event.TypeStateChanged, OccurredAt: base.Add(time.Duration(rev) * time.Minute),
+			SensorID: sensor, Data: uint8(rev % 2), Revision: rev, Partition: partition.Of(sensor, historyPartitions), Seq: uint64(rev)}
+		b, _ := json.Marshal(ev)
+		if _, err := js.Publish(t.Context(), natsx.EventsSubject(ev.Partition, ev.SensorID), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func historyPublishAttempts(t testing.TB, js jetstream.JetStream, client string, from, to int, base time.Time) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		a := event.Attempt{V: event.Version, EventID: event.ID("sA", int64(i+1)), ClientID: client, SensorID: "sA", Attempt: 1,
+			Time: base.Add(time.Duration(i) * time.Second), StatusCode: 200, LatencyMS: 3, Outcome: event.OutcomeDelivered}
+		b, _ := json.Marshal(a)
+		if _, err := js.Publish(t.Context(), natsx.DeliveriesSubject(client), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// historyCount is the number of distinct rows of a history table (by its key).
+func historyCount(t testing.TB, e *historyEnv, query string) uint64 {
+	t.Helper()
+	var n uint64
+	if err := e.ch.QueryRow(t.Context(), query).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+const (
+	historyEventsQuery     = "SELECT toUInt64(uniqExact(event_id)) FROM events"
+	historyDeliveriesQuery = "SELECT toUInt64(uniqExact(event_id, attempt)) FROM deliveries"
+)
+
+// The consumers live in memory (no state file in the NATS store), and the positions in
+// ClickHouse follow what is written: each partition's is its last message, which the
+// projection's listing shows as its checkpoint with no lag.
+func TestHistoryConsumersInMemory(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	base := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	logs := historyReadings(40, 4000, base, 0)
+	historyPublish(t, e.nats.JS, logs)
+	historyPublishEvents(t, e.nats.JS, "sA", 1, 10, base)
+	historyPublishAttempts(t, e.nats.JS, "c1", 0, 10, base)
+	_, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	defer stop()
+	historyWaitRows(t, e.ch, 4000, 30*time.Second)
+	testenv.Eventually(t, 20*time.Second, "10 events and 10 deliveries", func() bool {
+		return historyCount(t, e, historyEventsQuery) == 10 && historyCount(t, e, historyDeliveriesQuery) == 10
+	})
+	// A second round of deliveries: DELIVERIES' position is its ack floor as of the batch
+	// before, so it shows once a batch follows the first.
+	historyPublishAttempts(t, e.nats.JS, "c1", 10, 20, base)
+	testenv.Eventually(t, 20*time.Second, "20 deliveries and DELIVERIES' position", func() bool {
+		_, _, d := historyPositions(t, e)
+		return historyCount(t, e, historyDeliveriesQuery) == 20 && d.seq >= 10
+	})
+	historyWaitPositions(t, e)
+	if _, _, d := historyPositions(t, e); d.stream != historyStream(t, e, natsx.DeliveriesStream).id || d.seq > 20 {
+		t.Errorf("DELIVERIES position %+v: want 10 to 20 on the current stream", d)
+	}
+
+	names := map[string][]string{natsx.DeliveriesStream: {DurableDefault + "_deliveries"}}
+	for p := range historyPartitions {
+		names[natsx.ReadingsStream] = append(names[natsx.ReadingsStream], readingsConsumer(DurableDefault, p))
+		names[natsx.EventsStream] = append(names[natsx.EventsStream], DurableDefault+"_events_"+strconv.Itoa(p))
+	}
+	storeDir := e.nats.Server.JetStreamConfig().StoreDir
+	for stream, ns := range names {
+		for _, n := range ns {
+			c, err := e.nats.JS.Consumer(t.Context(), stream, n)
+			if err != nil {
+				t.Fatalf("%s on %s: %v", n, stream, err)
+			}
+			if !c.CachedInfo().Config.MemoryStorage {
+				t.Errorf("%s on %s is file-backed", n, stream)
+			}
+		}
+		// A file-backed consumer keeps its state under the stream's obs directory.
+		dir := filepath.Join(storeDir, "$G", "streams", stream)
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("the stream's directory in the NATS store: %v", err)
+		}
+		obs, _ := os.ReadDir(filepath.Join(dir, "obs"))
+		for _, o := range obs {
+			if strings.HasPrefix(o.Name(), DurableDefault+"_") {
+				t.Errorf("%s has a consumer state directory in the NATS store: %s", stream, o.Name())
+			}
+		}
+	}
+
+	st, err := e.nats.JS.Stream(t.Context(), natsx.ReadingsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := infos(t.Context(), e.ch, st, historyPartitions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readings, _, _ := historyPositions(t, e)
+	for _, p := range infos[0].Partitions {
+		if p.Checkpoint != readings[p.Partition].seq || p.Checkpoint != p.LastSeq || p.Lag != 0 {
+			t.Errorf("listing of partition %d: %+v, want the position %d as checkpoint, the last sequence, no lag", p.Partition, p, readings[p.Partition].seq)
+		}
+	}
+}
