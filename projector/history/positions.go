@@ -98,7 +98,7 @@ func explainReset(why string, p position, s streamAt, start uint64) string {
 		return fmt.Sprintf("position %d is ahead of the stream's last message %d (the store was restored from an older copy or lost its last writes): reading it again from its first message, %d; what is written already collapses",
 			p.seq, s.last, start)
 	default:
-		return fmt.Sprintf("position %d is before the stream's first message %d: messages %d to %d were removed by the stream's limits before history wrote them",
+		return fmt.Sprintf("position %d is before the stream's first message %d: the stream's messages %d to %d were removed (its limits, or a purge) before history wrote those of this consumer",
 			p.seq, s.first, p.seq+1, s.first-1)
 	}
 }

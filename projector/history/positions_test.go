@@ -232,3 +232,78 @@ func TestHistoryConsumersInMemory(t *testing.T) {
 		}
 	}
 }
+
+// A consumer starts right after its position in ClickHouse, not where its JetStream state
+// would have it (a new consumer: the stream's start); a position that does not belong to
+// the stream as it is now starts at the stream's first message, counted by reason.
+func TestHistoryResumesAtPosition(t *testing.T) {
+	t.Parallel()
+	const total, mid = 4000, 2000 // stream sequences; the readings' positions are planted at mid
+	for _, c := range []struct {
+		name string
+		// plant is the READINGS position of every partition, given the stream's identity
+		// and last sequence.
+		plant func(id string, last uint64) position
+		purge uint64 // messages before it are removed from READINGS before the start
+		from  uint64 // the first stream sequence written
+		why   string
+	}{
+		{"after the position", func(id string, _ uint64) position { return position{id, mid} }, 0, mid + 1, ""},
+		{"another stream", func(string, uint64) position { return position{"2001-01-01T00:00:00Z", mid} }, 0, 1, resetOtherStream},
+		{"ahead of the stream", func(id string, last uint64) position { return position{id, last + 100} }, 0, 1, resetAhead},
+		{"before the stream's first", func(id string, _ uint64) position { return position{id, 10} }, mid, mid, resetTruncated},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newHistoryEnv(t)
+			logs := historyReadings(40, total, time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC), 0)
+			historyPublish(t, e.nats.JS, logs)
+			st := historyStream(t, e, natsx.ReadingsStream)
+			if c.purge > 0 {
+				s, err := e.nats.JS.Stream(t.Context(), natsx.ReadingsStream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Purge(t.Context(), jetstream.WithPurgeSequence(c.purge)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ps := map[string]position{}
+			for p := range historyPartitions {
+				ps[readingsConsumer(DurableDefault, p)] = c.plant(st.id, st.last)
+			}
+			if err := writePositions(t.Context(), e.ch, ps, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			var want []event.Log // the readings at or after from (stream sequence i+1 is logs[i])
+			for i, l := range logs {
+				if uint64(i+1) >= c.from && l.Kind == event.KindReading {
+					want = append(want, l)
+				}
+			}
+			h, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+			historyWaitPositions(t, e)
+			stop()
+			if n := historyCounter(h.m.rows.WithLabelValues("readings")); n != float64(len(want)) {
+				t.Errorf("%v rows written, want %d", n, len(want))
+			}
+			var first uint64
+			if err := e.ch.QueryRow(t.Context(), "SELECT min(seq) FROM readings").Scan(&first); err != nil {
+				t.Fatal(err)
+			}
+			if d, _ := historyDistinct(t, e.ch); d != uint64(len(want)) || first < c.from {
+				t.Errorf("%d distinct readings from sequence %d, want %d from %d", d, first, len(want), c.from)
+			}
+			historyCheckExactlyOnce(t, e.ch, want, 1000)
+			for _, why := range []string{resetOtherStream, resetAhead, resetTruncated} {
+				n, w := historyCounter(h.m.resets.WithLabelValues("readings", why)), 0.0
+				if why == c.why {
+					w = historyPartitions
+				}
+				if n != w {
+					t.Errorf("%v resets %s, want %v", n, why, w)
+				}
+			}
+		})
+	}
+}
