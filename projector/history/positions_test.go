@@ -126,9 +126,7 @@ func historyPublishEvents(t testing.TB, js jetstream.JetStream, sensor string, f
 		ev := event.Event{V: event.Version, ID: event.ID(sensor, rev), Type: event.TypeStateChanged, OccurredAt: base.Add(time.Duration(rev) * time.Minute),
 			SensorID: sensor, Data: uint8(rev % 2), Revision: rev, Partition: partition.Of(sensor, historyPartitions), Seq: uint64(rev)}
 		b, _ := json.Marshal(ev)
-		if _, err := js.Publish(t.Context(), natsx.EventsSubject(ev.Partition, ev.SensorID), b); err != nil {
-			t.Fatal(err)
-		}
+		historyPublishOne(t, js, natsx.EventsSubject(ev.Partition, ev.SensorID), b)
 	}
 }
 
@@ -138,9 +136,23 @@ func historyPublishAttempts(t testing.TB, js jetstream.JetStream, client string,
 		a := event.Attempt{V: event.Version, EventID: event.ID("sA", int64(i+1)), ClientID: client, SensorID: "sA", Attempt: 1,
 			Time: base.Add(time.Duration(i) * time.Second), StatusCode: 200, LatencyMS: 3, Outcome: event.OutcomeDelivered}
 		b, _ := json.Marshal(a)
-		if _, err := js.Publish(t.Context(), natsx.DeliveriesSubject(client), b); err != nil {
-			t.Fatal(err)
+		historyPublishOne(t, js, natsx.DeliveriesSubject(client), b)
+	}
+}
+
+// historyPublishOne publishes b, again while NATS is coming back from a restart.
+func historyPublishOne(t testing.TB, js jetstream.JetStream, subject string, b []byte) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := js.Publish(t.Context(), subject, b)
+		if err == nil {
+			return
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publish to %s: %v", subject, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -306,4 +318,102 @@ func TestHistoryResumesAtPosition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Killed between a batch's positions and its acks, on a NATS that outlives the process (its
+// memory consumers hold the batch unacked): the next process starts after the positions,
+// so nothing of the batch is written again and nothing after it is missed.
+func TestHistoryCrashAfterPosition(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	const total = 60_000
+	logs := historyReadings(200, total, time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC), 0)
+	historyPublish(t, e.nats.JS, logs)
+	historyChild(t, e, CrashAfterPosition+":3")
+	before, _ := historyDistinct(t, e.ch)
+	if before == 0 || before >= total {
+		t.Fatalf("%d readings written before the kill: it was not in the middle", before)
+	}
+	h, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	historyWaitRows(t, e.ch, total, 60*time.Second)
+	historyWaitPositions(t, e)
+	stop()
+	if n := historyCounter(h.m.rows.WithLabelValues("readings")); n != float64(total-before) {
+		t.Errorf("after the kill with %d readings written: %v rows written, want %d", before, n, total-before)
+	}
+	historyCheckExactlyOnce(t, e.ch, logs, 1000)
+}
+
+// Stopped, NATS restarted (the memory consumers are gone), started again: every consumer
+// resumes from its position in ClickHouse, so the second run writes only what came since.
+func TestHistoryRestartsFromPositions(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	base := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	logs := historyReadings(40, 8000, base, 0)
+	historyPublish(t, e.nats.JS, logs[:4000])
+	historyPublishEvents(t, e.nats.JS, "sA", 1, 10, base)
+	historyPublishAttempts(t, e.nats.JS, "c1", 0, 10, base)
+	first, second := historyCountReadings(logs[:4000]), historyCountReadings(logs[4000:])
+	_, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	testenv.Eventually(t, 30*time.Second, "the first run's rows", func() bool {
+		d, _ := historyDistinct(t, e.ch)
+		return d == first && historyCount(t, e, historyEventsQuery) == 10 && historyCount(t, e, historyDeliveriesQuery) == 10
+	})
+	historyWaitPositions(t, e)
+	stop()
+
+	e.nats.Restart(time.Second)
+	historyPublish(t, e.nats.JS, logs[4000:])
+	historyPublishEvents(t, e.nats.JS, "sA", 11, 15, base)
+	historyPublishAttempts(t, e.nats.JS, "c1", 10, 15, base)
+	h, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	testenv.Eventually(t, 30*time.Second, "the second run's rows", func() bool {
+		d, _ := historyDistinct(t, e.ch)
+		return d == first+second && historyCount(t, e, historyEventsQuery) == 15 && historyCount(t, e, historyDeliveriesQuery) == 15
+	})
+	historyWaitPositions(t, e)
+	stop()
+	if r, ev := historyCounter(h.m.rows.WithLabelValues("readings")), historyCounter(h.m.rows.WithLabelValues("events")); r != float64(second) || ev != 5 {
+		t.Errorf("the second run wrote %v readings and %v events, want %d and 5: only what came since", r, ev, second)
+	}
+	historyCheckExactlyOnce(t, e.ch, logs, 1000)
+}
+
+// NATS restarted while the projector runs: the memory consumers are gone, and each one,
+// the shared DELIVERIES consumer too, is made again where it stood.
+func TestHistoryDeliveriesAcrossNATSRestart(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	base := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	historyPublishEvents(t, e.nats.JS, "sA", 1, 20, base)
+	historyPublishAttempts(t, e.nats.JS, "c1", 0, 50, base)
+	_, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	defer stop()
+	testenv.Eventually(t, 20*time.Second, "20 events and 50 deliveries", func() bool {
+		return historyCount(t, e, historyEventsQuery) == 20 && historyCount(t, e, historyDeliveriesQuery) == 50
+	})
+	historyPublishAttempts(t, e.nats.JS, "c1", 50, 100, base)
+	testenv.Eventually(t, 20*time.Second, "100 deliveries", func() bool { return historyCount(t, e, historyDeliveriesQuery) == 100 })
+
+	e.nats.Restart(time.Second)
+	historyPublishEvents(t, e.nats.JS, "sA", 21, 30, base)
+	historyPublishAttempts(t, e.nats.JS, "c1", 100, 150, base)
+	testenv.Eventually(t, 40*time.Second, "30 events and 150 deliveries after the restart", func() bool {
+		return historyCount(t, e, historyEventsQuery) == 30 && historyCount(t, e, historyDeliveriesQuery) == 150
+	})
+	c, err := e.nats.JS.Consumer(t.Context(), natsx.DeliveriesStream, DurableDefault+"_deliveries")
+	if err != nil || !c.CachedInfo().Config.MemoryStorage {
+		t.Fatalf("DELIVERIES consumer after the restart: %v (in memory: %v)", err, err == nil && c.CachedInfo().Config.MemoryStorage)
+	}
+}
+
+func historyCountReadings(logs []event.Log) uint64 {
+	var n uint64
+	for _, l := range logs {
+		if l.Kind == event.KindReading {
+			n++
+		}
+	}
+	return n
 }
