@@ -417,3 +417,72 @@ func historyCountReadings(logs []event.Log) uint64 {
 	}
 	return n
 }
+
+// Upgraded from a version that kept no positions: each consumer starts after the ack floor
+// of the file-backed durable it replaces, not at the stream's start, and is in memory after.
+func TestHistoryTakesOverFileConsumers(t *testing.T) {
+	t.Parallel()
+	e := newHistoryEnv(t)
+	base := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	logs := historyReadings(40, 4000, base, 0)
+	historyPublish(t, e.nats.JS, logs)
+	historyPublishAttempts(t, e.nats.JS, "c1", 0, 30, base)
+	// The old durables, file-backed, each having acked its first messages up to the middle.
+	const acked = 2000
+	durables := map[string]string{DurableDefault + "_deliveries": natsx.DeliveriesStream}
+	for p := range historyPartitions {
+		durables[readingsConsumer(DurableDefault, p)] = natsx.ReadingsStream + "/" + natsx.ReadingsPartitionFilter(p)
+	}
+	for name, where := range durables {
+		stream, filter, _ := strings.Cut(where, "/")
+		c, err := e.nats.JS.CreateConsumer(t.Context(), stream, jetstream.ConsumerConfig{Durable: name, FilterSubject: filter,
+			AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := acked / historyPartitions
+		if stream == natsx.DeliveriesStream {
+			n = 10
+		}
+		b, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			if err := m.DoubleAck(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var want []event.Log // after each partition's ack floor
+	floors := map[string]uint64{}
+	for name := range durables {
+		c, err := e.nats.JS.Consumer(t.Context(), strings.Split(durables[name], "/")[0], name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		floors[name] = c.CachedInfo().AckFloor.Stream
+	}
+	for i, l := range logs {
+		if l.Kind == event.KindReading && uint64(i+1) > floors[readingsConsumer(DurableDefault, partition.Of(l.SensorID, historyPartitions))] {
+			want = append(want, l)
+		}
+	}
+	h, stop := runHistory(t, historyTestConfig(), e.nats.JS, e.ch)
+	historyWaitPositions(t, e)
+	testenv.Eventually(t, 20*time.Second, "the 20 deliveries after the ack floor", func() bool { return historyCount(t, e, historyDeliveriesQuery) == 20 })
+	stop()
+	if n := historyCounter(h.m.rows.WithLabelValues("readings")); n != float64(len(want)) {
+		t.Errorf("%v readings written, want the %d after the ack floors", n, len(want))
+	}
+	if n := historyCount(t, e, historyDeliveriesQuery); n != 20 {
+		t.Errorf("%d deliveries written, want the 20 after the ack floor", n)
+	}
+	historyCheckExactlyOnce(t, e.ch, want, 1000)
+	for name, where := range durables {
+		c, err := e.nats.JS.Consumer(t.Context(), strings.Split(where, "/")[0], name)
+		if err != nil || !c.CachedInfo().Config.MemoryStorage {
+			t.Errorf("%s after the start: %v, in memory %v", name, err, err == nil && c.CachedInfo().Config.MemoryStorage)
+		}
+	}
+}
