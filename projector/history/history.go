@@ -321,8 +321,12 @@ func (h *Projector) consume(ctx, sinkCtx context.Context, src *source, s *sink) 
 	for ctx.Err() == nil {
 		cons, err := h.openShared(ctx, s, src)
 		if err == nil {
+			began := time.Now()
 			if err = h.consumeShared(ctx, sinkCtx, cons, src, s); err == nil {
 				return nil
+			}
+			if time.Since(began) > time.Minute {
+				retry.Reset() // read well for a while: the waits start short again
 			}
 		}
 		if ctx.Err() == nil {

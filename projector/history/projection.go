@@ -2,6 +2,8 @@ package history
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,8 +30,9 @@ func NewProjection(rebuilds RebuildConfig, deps RebuildDeps) rebuild.Projection 
 
 // infos lists the history projection: per partition, the position of its READINGS consumer
 // (of the default name) in ClickHouse is its checkpoint (0 when it has none, or one of
-// another stream, which the projector reads again from the start), and the partition's
-// messages after it its lag.
+// another stream, which the projector reads again from the start). The lag is the live
+// consumer's num_pending plus num_ack_pending (one cheap look-up, as the alerter asks
+// often), or while there is none, the partition's messages after the checkpoint.
 func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
 	names := make([]string, partitionCount)
 	for pt := range partitionCount {
@@ -46,8 +49,20 @@ func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, parti
 		if p := ps[names[pt]]; p.stream == id {
 			part.Checkpoint = p.seq
 		}
-		if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, part.Checkpoint); err != nil {
-			return nil, err
+		cons, err := readings.Consumer(ctx, names[pt])
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, part.Checkpoint); err != nil {
+				return nil, err
+			}
+		case err != nil:
+			return nil, fmt.Errorf("history consumer of partition %d: %w", pt, err)
+		default:
+			ci := cons.CachedInfo()
+			part.Lag = ci.NumPending + uint64(ci.NumAckPending)
+			if part.LastSeq, err = rebuild.PartitionLastSeq(ctx, readings, pt); err != nil {
+				return nil, err
+			}
 		}
 		info.Partitions = append(info.Partitions, part)
 		info.Lag += part.Lag
