@@ -3,11 +3,13 @@ package history
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/backoff"
 	"github.com/lock-sensors/lock-sensors/internal/chschema"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
@@ -144,4 +146,44 @@ func writePositions(ctx context.Context, ch driver.Conn, ps map[string]position,
 		return fmt.Errorf("insert into %s: %w", t.Name, err)
 	}
 	return nil
+}
+
+// loadPositions reads where srcs resume from ClickHouse, trying again until it can or ctx is
+// done (false).
+func (h *Projector) loadPositions(ctx context.Context, srcs []*source) bool {
+	names := make([]string, len(srcs))
+	for i, src := range srcs {
+		names[i] = src.durable
+	}
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	for {
+		ps, err := readPositions(ctx, h.ch, names)
+		if err == nil {
+			for _, src := range srcs {
+				src.pos = ps[src.durable]
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		h.log.Warn("history: reading where the consumers resume; retrying", "err", err)
+		retry.Wait(ctx)
+	}
+}
+
+// startFrom is where src, at p, reads next in st; a start elsewhere than right after p is
+// logged and counted.
+func (h *Projector) startFrom(ctx context.Context, src *source, table string, p position, st streamAt) uint64 {
+	start, why := startAt(p, st)
+	if why != "" {
+		lvl := slog.LevelError
+		if why == resetTruncated {
+			lvl = slog.LevelWarn
+		}
+		h.log.Log(ctx, lvl, "history: a consumer does not resume at its position", "consumer", src.durable,
+			"reason", explainReset(why, p, st, start))
+		h.m.resets.WithLabelValues(table, why).Inc()
+	}
+	return start
 }
