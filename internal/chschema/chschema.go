@@ -1,5 +1,6 @@
-// Package chschema is the one definition of the history tables in ClickHouse: their names and
-// columns, in the order the writer's INSERTs list them. The history projector, its rebuild and
+// Package chschema is the one definition of the history tables in ClickHouse (and of the
+// history projector's positions table): their names and columns, in the order the writer's
+// INSERTs list them. The history projector, its rebuild and
 // the history reader build their column lists from it, so that a column change is an edit here
 // plus a migration (migrations/clickhouse), which a test holds to this definition.
 package chschema
