@@ -50,12 +50,6 @@ type streamAt struct {
 	first, last uint64
 }
 
-// streamIdentity names a stream by its creation time: a new stream (a lost or replaced
-// store) has another, a restart or a restored backup keeps it.
-func streamIdentity(info *jetstream.StreamInfo) string {
-	return info.Created.UTC().Format(time.RFC3339Nano)
-}
-
 // streamNow asks the server for stream's identity and extent.
 func streamNow(ctx context.Context, js jetstream.JetStream, stream string) (streamAt, error) {
 	st, err := natsx.Stream(ctx, js, stream)
@@ -63,7 +57,7 @@ func streamNow(ctx context.Context, js jetstream.JetStream, stream string) (stre
 		return streamAt{}, fmt.Errorf("%s info: %w", stream, err)
 	}
 	info := st.CachedInfo()
-	return streamAt{id: streamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}, nil
+	return streamAt{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}, nil
 }
 
 // Why a source does not resume right after its position.

@@ -8,6 +8,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 )
 
@@ -42,7 +43,7 @@ func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, parti
 	if err != nil {
 		return nil, err
 	}
-	id := streamIdentity(readings.CachedInfo())
+	id := natsx.StreamIdentity(readings.CachedInfo())
 	info := rebuild.Info{Name: Name}
 	for pt := range partitionCount {
 		part := rebuild.PartitionInfo{Partition: pt}
