@@ -22,6 +22,9 @@ type DeadLetters interface {
 	// ListDead lists a client's dead deliveries in id order after afterID (0: from the
 	// start), at most limit (1 to 1000).
 	ListDead(ctx context.Context, clientID string, afterID int64, limit int) ([]event.DeadDelivery, error)
+	// ListAllDead lists every client's dead deliveries, newest first (by id) before
+	// beforeID (0: from the newest), at most limit (1 to 1000).
+	ListAllDead(ctx context.Context, beforeID int64, limit int) ([]event.DeadDelivery, error)
 	// Redrive sends again a client's deliveries that died in [from, to) (a zero time leaves
 	// that end open), each with a fresh schedule; it returns how many will be sent.
 	Redrive(ctx context.Context, clientID string, from, to time.Time) (int64, error)
@@ -31,7 +34,12 @@ func deadLettersNotServed() error {
 	return fmt.Errorf("%w: dead-lettered deliveries are not served by this process: it was started without the notifier's dead-letter store", ErrUnimplemented)
 }
 
-// listDead pages through a client's dead deliveries by their row id (the token's key).
+// everyClient is the client id that lists the dead deliveries of every client (an
+// administrator's call: a client token's own client is never it).
+const everyClient = "-"
+
+// listDead pages through a client's dead deliveries by their row id (the token's key), or
+// every client's, newest first, for everyClient.
 func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDeliveriesRequest) (*locksv1.ListClientDeliveriesResponse, error) {
 	if req.GetStartTime() != nil {
 		return nil, fieldErr("start_time", "not supported with state=%s", stateDead)
@@ -56,17 +64,26 @@ func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDe
 	if h.s.deadLetters == nil {
 		return nil, deadLettersNotServed()
 	}
-	if err := h.s.exists(ctx, "client", req.GetClientId()); err != nil {
-		return nil, err
+	all := req.GetClientId() == everyClient
+	list := func(after int64, n int) ([]event.DeadDelivery, error) {
+		if all {
+			return h.s.deadLetters.ListAllDead(ctx, after, n)
+		}
+		return h.s.deadLetters.ListDead(ctx, req.GetClientId(), after, n)
 	}
-	dead, err := h.s.deadLetters.ListDead(ctx, req.GetClientId(), after, n)
+	if !all {
+		if err := h.s.exists(ctx, "client", req.GetClientId()); err != nil {
+			return nil, err
+		}
+	}
+	dead, err := list(after, n)
 	if err != nil {
 		return nil, err
 	}
 	out := &locksv1.ListClientDeliveriesResponse{Deliveries: []*locksv1.Delivery{}, DeadDeliveries: make([]*locksv1.DeadDelivery, 0, len(dead))}
 	for _, d := range dead {
 		dd := &locksv1.DeadDelivery{
-			EventId: d.EventID, SensorId: d.SensorID, Revision: d.Revision, Attempts: int32(d.Attempts),
+			ClientId: d.ClientID, EventId: d.EventID, SensorId: d.SensorID, Revision: d.Revision, Attempts: int32(d.Attempts),
 			LastStatusCode: int32(d.LastStatus), LastError: d.LastError, CreateTime: ts(d.CreatedAt), DeadTime: ts(d.DeadAt),
 		}
 		if e := d.Event; e.ID != "" {
@@ -78,7 +95,7 @@ func (h *historyService) listDead(ctx context.Context, req *locksv1.ListClientDe
 	// with the page: a full page looks one row further to know whether another follows.
 	if len(dead) == n {
 		last := dead[n-1].ID
-		more, err := h.s.deadLetters.ListDead(ctx, req.GetClientId(), last, 1)
+		more, err := list(last, 1)
 		if err != nil {
 			return nil, err
 		}

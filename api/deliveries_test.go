@@ -176,6 +176,36 @@ func TestDeadDeliveriesREST(t *testing.T) {
 	}
 }
 
+// The operator's view: `-` lists every client's dead deliveries, newest first, each with its
+// client; a client token may not ask for it.
+func TestDeadDeliveriesOfEveryClient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := fillDeliveries(t, e)
+	const other = "cl_other0000000000000"
+	base := "/v1/clients/-/deliveries?state=dead"
+	r := e.want(e.do("GET", base+"&page_size=3", nil), 200)
+	list := r.body["dead_deliveries"].([]any)
+	var got []string
+	for _, x := range list {
+		d := x.(map[string]any)
+		got = append(got, d["client_id"].(string)+"/"+d["event_id"].(string))
+	}
+	want := []string{other + "/evt_a", id + "/evt_c", id + "/evt_b"}
+	if strings.Join(got, " ") != strings.Join(want, " ") || r.str("next_page_token") == "" {
+		t.Fatalf("every client's dead, page 1: %v, want %v (and a next page): %s", got, want, r.raw)
+	}
+	r = e.want(e.do("GET", base+"&page_size=3&page_token="+url.QueryEscape(r.str("next_page_token")), nil), 200)
+	if ids := deadIDs(r); len(ids) != 1 || ids[0] != "evt_a" || r.str("next_page_token") != "" {
+		t.Fatalf("every client's dead, page 2: %s", r.raw)
+	}
+	tr := e.want(e.do("POST", "/v1/clients/"+id+"/tokens", map[string]any{"name": "dead"}), 200)
+	r = e.want(e.do("GET", base, nil, "Authorization", "Bearer "+tr.str("token")), 403)
+	if strings.Contains(string(r.raw), "evt_") {
+		t.Fatalf("a client token read other clients' dead deliveries: %s", r.raw)
+	}
+}
+
 func TestDeadDeliveriesGRPC(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

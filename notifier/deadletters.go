@@ -3,9 +3,11 @@ package notifier
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/lock-sensors/lock-sensors/internal/event"
 )
 
@@ -29,13 +31,39 @@ func (dl *DeadLetters) ListDead(ctx context.Context, clientID string, afterID in
 	if limit < 1 || limit > 1000 {
 		limit = 100
 	}
-	rows, err := dl.db.Query(ctx, `SELECT id, event_id, client_id, sensor_id, revision, attempts,
-			coalesce(last_status, 0), coalesce(last_error, ''), created_at, updated_at, payload
+	rows, err := dl.db.Query(ctx, `SELECT `+deadColumns+`
 		FROM notifier_deliveries WHERE client_id = $1 AND state = 'dead' AND id > $2
 		ORDER BY id LIMIT $3`, clientID, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list dead deliveries: %w", err)
 	}
+	return scanDead(rows)
+}
+
+// deadColumns are what ListDead and ListAllDead read of a dead row, for scanDead.
+const deadColumns = `id, event_id, client_id, sensor_id, revision, attempts,
+			coalesce(last_status, 0), coalesce(last_error, ''), created_at, updated_at, payload`
+
+// ListAllDead lists the dead deliveries of every client, newest first (by row id) before
+// beforeID (0: from the newest), at most limit (1 to 1000): the operator's view, one query
+// whatever the number of clients (the partial index notifier_deliveries_dead_id).
+func (dl *DeadLetters) ListAllDead(ctx context.Context, beforeID int64, limit int) ([]event.DeadDelivery, error) {
+	if limit < 1 || limit > 1000 {
+		limit = 100
+	}
+	if beforeID <= 0 {
+		beforeID = math.MaxInt64
+	}
+	rows, err := dl.db.Query(ctx, `SELECT `+deadColumns+`
+		FROM notifier_deliveries WHERE state = 'dead' AND id < $1
+		ORDER BY id DESC LIMIT $2`, beforeID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead deliveries: %w", err)
+	}
+	return scanDead(rows)
+}
+
+func scanDead(rows pgx.Rows) ([]event.DeadDelivery, error) {
 	defer rows.Close()
 	var out []event.DeadDelivery
 	for rows.Next() {

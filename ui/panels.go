@@ -157,24 +157,34 @@ type deadRow struct {
 	DeadTime time.Time
 }
 
+// deadRows reads every client's dead deliveries in one paged call (newest first), and the
+// clients' names once: its cost does not grow with the number of clients.
 func (u *UI) deadRows(ctx context.Context) ([]deadRow, error) {
-	cs, err := u.api.listClients(ctx)
+	dead, err := u.api.deadLetters(ctx, allClients)
 	if err != nil {
 		return nil, err
 	}
-	var out []deadRow
-	for _, c := range cs {
-		dead, err := u.api.deadLetters(ctx, c.GetId())
+	names := map[string]string{}
+	if len(dead) > 0 {
+		cs, err := u.api.listClients(ctx)
 		if err != nil {
-			return out, err
+			return nil, err
 		}
-		for _, d := range dead {
-			out = append(out, deadRow{ClientID: c.GetId(), ClientName: c.GetName(), DeadDelivery: d, DeadTime: d.GetDeadTime().AsTime()})
+		for _, c := range cs {
+			names[c.GetId()] = c.GetName()
 		}
+	}
+	out := make([]deadRow, 0, len(dead))
+	for _, d := range dead {
+		out = append(out, deadRow{ClientID: d.GetClientId(), ClientName: names[d.GetClientId()], DeadDelivery: d, DeadTime: d.GetDeadTime().AsTime()})
 	}
 	slices.SortFunc(out, func(a, b deadRow) int { return b.DeadTime.Compare(a.DeadTime) })
 	return out, nil
 }
+
+// allClients is the client id of ListClientDeliveries that lists every client's dead
+// deliveries.
+const allClients = "-"
 
 func errText(err error) string {
 	if s, ok := status.FromError(err); ok {

@@ -687,7 +687,8 @@ func (x *ListSensorEventsResponse) GetNextPageToken() string {
 // dead-lettered deliveries.
 type ListClientDeliveriesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The client's id.
+	// The client's id; with state `dead`, `-` lists the dead deliveries of every client
+	// (administrators only), newest dead-lettered first.
 	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	// Only attempts at or after this time. Not allowed with state `dead`.
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
@@ -864,7 +865,9 @@ type DeadDelivery struct {
 	// When the delivery was dead-lettered.
 	DeadTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=dead_time,json=deadTime,proto3" json:"dead_time,omitempty"`
 	// The event, as its webhook sends it; absent when it cannot be decoded.
-	Event         *SensorEvent `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
+	Event *SensorEvent `protobuf:"bytes,9,opt,name=event,proto3" json:"event,omitempty"`
+	// The client the delivery is for.
+	ClientId      string `protobuf:"bytes,10,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -960,6 +963,13 @@ func (x *DeadDelivery) GetEvent() *SensorEvent {
 		return x.Event
 	}
 	return nil
+}
+
+func (x *DeadDelivery) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
 }
 
 // RedriveClientDeliveriesRequest sends a client's dead-lettered deliveries again.
@@ -1362,7 +1372,7 @@ const file_locks_v1_history_proto_rawDesc = "" +
 	"deliveries\x18\x01 \x03(\v2\x12.locks.v1.DeliveryR\n" +
 	"deliveries\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12?\n" +
-	"\x0fdead_deliveries\x18\x03 \x03(\v2\x16.locks.v1.DeadDeliveryR\x0edeadDeliveries\"\xea\x02\n" +
+	"\x0fdead_deliveries\x18\x03 \x03(\v2\x16.locks.v1.DeadDeliveryR\x0edeadDeliveries\"\x87\x03\n" +
 	"\fDeadDelivery\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12\x1b\n" +
 	"\tsensor_id\x18\x02 \x01(\tR\bsensorId\x12\x1a\n" +
@@ -1374,7 +1384,9 @@ const file_locks_v1_history_proto_rawDesc = "" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x127\n" +
 	"\tdead_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadTime\x12+\n" +
-	"\x05event\x18\t \x01(\v2\x15.locks.v1.SensorEventR\x05event\"\xaf\x01\n" +
+	"\x05event\x18\t \x01(\v2\x15.locks.v1.SensorEventR\x05event\x12\x1b\n" +
+	"\tclient_id\x18\n" +
+	" \x01(\tR\bclientId\"\xaf\x01\n" +
 	"\x1eRedriveClientDeliveriesRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x129\n" +
 	"\n" +
