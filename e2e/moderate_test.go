@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // BenchmarkModerateLatency is a reading's whole way (RabbitMQ publish → the webhook received)
@@ -38,9 +40,14 @@ func BenchmarkModerateLatency(b *testing.B) {
 					"LOCKS_HTTP_ADDR="+s.http, "LOCKS_API_TOKENS="+s.token)
 				var out syncBuffer
 				cmd.Stdout, cmd.Stderr = &out, &out
+				cpu0, _ := testenv.ProcCPU(s.pid)
 				b.ResetTimer()
 				err := cmd.Run()
 				b.StopTimer()
+				// The locks process's CPU per reading over the run (its settle included).
+				if cpu1, ok := testenv.ProcCPU(s.pid); ok {
+					b.ReportMetric((cpu1-cpu0)/float64(count)*1e6, "locks_cpu_us/reading")
+				}
 				text := out.String()
 				if err != nil {
 					b.Fatalf("locks loadgen: %v\n%s", err, text)
