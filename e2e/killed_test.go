@@ -26,6 +26,7 @@ import (
 //     come twice, never with another id), never one older than a revision already received;
 //   - sensor_state ends at each sensor's last reading, at the revision of its last event.
 func TestKilledUnderLoadLosesNothing(t *testing.T) {
+	t.Parallel()
 	const (
 		sensors = 300
 		prefix  = "kl"
