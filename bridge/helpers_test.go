@@ -33,7 +33,7 @@ const (
 
 // The tests run side by side: they mostly wait on RabbitMQ and NATS (restarts, redeliveries).
 func TestMain(m *testing.M) {
-	testenv.Parallel(4)
+	testenv.Parallel(8)
 	testenv.ChildMain(m, childEnv, runChild)
 }
 
