@@ -63,9 +63,8 @@ func chCount(t testing.TB, ch driver.Conn, q string, args ...any) uint64 {
 // ClickHouse table (readings, events, deliveries) has exactly the live one's distinct rows,
 // and the rebuild adds nothing to EVENTS, the outbox or the notifier's deliveries, and the
 // receiver gets no request after it.
-//
-// Not parallel: it needs the machine's CPU, so it runs alone, before the parallel tests.
 func TestRebuild200kEqualsLive(t *testing.T) {
+	t.Parallel()
 	const sensors, count, subscribed = 4000, 200_000, 40
 	t0 := time.Now()
 	e := newStateEnv(t, 4)
