@@ -76,6 +76,7 @@ func TestDecide(t *testing.T) {
 // TestPermissionsCoverEveryMethod: every method the server serves has a row (a method
 // without one would be admin-only by default, silently), and every row a served method.
 func TestPermissionsCoverEveryMethod(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	served := map[string]bool{}
 	for svc, info := range e.srv.grpc.GetServiceInfo() {
@@ -310,6 +311,7 @@ func (f *tokenFixture) callGRPC(t *testing.T, p permission, token, client, senso
 // an administrator token, the right client's token, another client's token, a deleted token
 // and no token.
 func TestPermissionMatrix(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t)
 	const missingClient, missingSensor = "cl_aaaaaaaaaaaaaaaaaaaa", "nosuchsensor"
 	for _, p := range permissions {
@@ -369,6 +371,7 @@ func TestPermissionMatrix(t *testing.T) {
 
 // TestClientTokenRevocation: a deleted token is refused at once by every API instance.
 func TestClientTokenRevocation(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t)
 	other := newEnv(t, sharedDB(f.db), withPrivateWebhooks())
 	tok, id := f.mkToken(f.a)
@@ -401,6 +404,7 @@ func TestClientTokenRevocation(t *testing.T) {
 // TestClientTokens: create, list (never the token), last use recorded without a write per
 // call, tokens of one client apart from another's.
 func TestClientTokens(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t)
 	list := func(client string) []any {
 		r := f.want(f.do("GET", "/v1/clients/"+client+"/tokens", nil), 200)

@@ -59,6 +59,7 @@ func newFeedReceiver(t *testing.T) *feedReceiver {
 // its subscriptions selected, once, per sensor in revision order, each byte for byte the body
 // the receiver got for it.
 func TestFeedEqualsReceiver(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t)
 	ne := testenv.NATS(t)
 	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: feedPartitions, LostAfter: time.Hour}); err != nil {

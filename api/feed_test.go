@@ -112,6 +112,7 @@ func webhookBody(t testing.TB, e event.Event, address string) []byte {
 // order, page by page, none of another client's; the same on a second instance and over
 // gRPC; a client token reads its own feed only.
 func TestFeedOrderAndPaging(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t)
 	states := []string{"delivered", "dead", "superseded", "pending", "cancelled"}
 	var want [][]byte

@@ -29,6 +29,9 @@ import (
 	locksv1 "github.com/lock-sensors/lock-sensors/proto/locks/v1"
 )
 
+// The tests mostly wait on servers and timers, each on its own database and NATS.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
+
 const testToken = "test-token-0123456789abcdef"
 
 // env is one API server of a test: real Postgres (a fresh database), gRPC on a real

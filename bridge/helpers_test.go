@@ -33,7 +33,7 @@ const (
 
 // The tests run side by side: they mostly wait on RabbitMQ and NATS (restarts, redeliveries).
 func TestMain(m *testing.M) {
-	testenv.Parallel(4)
+	testenv.Parallel(8)
 	testenv.ChildMain(m, childEnv, runChild)
 }
 
@@ -231,7 +231,8 @@ func (e *env) readings(t testing.TB) ([]event.Log, []string) {
 	var logs []event.Log
 	var subjects []string
 	for uint64(len(logs)) < n {
-		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		// No more than the stream holds: a fetch for more would wait out its MaxWait.
+		batch, err := c.Fetch(int(min(1000, n-uint64(len(logs)))), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

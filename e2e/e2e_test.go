@@ -30,9 +30,10 @@ import (
 var locksBin, binDir string
 
 func TestMain(m *testing.M) {
+	// The tests mostly wait on their systems' timers (lost_after, retries, restarts).
+	testenv.Parallel(3) // parses the flags
 	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
 	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
-	flag.Parse()
 	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
 		go func() { _, _ = testenv.JaegerBinary() }()
 	}

@@ -25,6 +25,8 @@ import (
 //     one webhook (receivers de-duplicate by webhook-id, so a webhook in flight at a kill may
 //     come twice, never with another id), never one older than a revision already received;
 //   - sensor_state ends at each sensor's last reading, at the revision of its last event.
+//
+// Not parallel: its load would starve the tests that check a latency beside it.
 func TestKilledUnderLoadLosesNothing(t *testing.T) {
 	const (
 		sensors = 300

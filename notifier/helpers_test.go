@@ -42,7 +42,7 @@ const (
 // its configuration from the LOCKS_* variables, until SIGTERM or a crash point.
 // The tests run side by side: they mostly wait for retry delays, leases and webhooks.
 func TestMain(m *testing.M) {
-	testenv.Parallel(8)
+	testenv.Parallel(12)
 	testenv.ChildMain(m, childEnv, runChild)
 }
 

@@ -107,8 +107,9 @@ func clickInPanel(t *testing.T, ctx context.Context, d time.Duration, what, sel 
 }
 
 // The dashboard against a whole running system, in headless Chromium: sign-in, the lost
-// list, a dead letter resent from the page, a rebuild started from the page; and the access
-// rules (no session: sign-in page; a POST without the CSRF token: refused).
+// list, a rebuild started from the page; and the access rules (no session: sign-in page; a
+// POST without the CSRF token: refused). TestDashboardControlsInBrowser does the webhook
+// controls beside it, on a system of its own: each waits out its system's timers.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	sys := startSystem(t)
@@ -180,6 +181,67 @@ func TestDashboardInBrowser(t *testing.T) {
 		step(t, ctx, 10*time.Second, "the whole list again after clearing the search",
 			chromedp.WaitVisible(chromedp.CSS(`#lost tr[data-sensor="UiLost1"]`)))
 	})
+
+	t.Run("a rebuild started from the page shows progress and ends", func(t *testing.T) {
+		row := `#rebuilds tr.rebuild[data-projection="state"]`
+		step(t, ctx, 10*time.Second, "rebuild clicked",
+			chromedp.Click(chromedp.ID("rebuild-state")),
+			chromedp.WaitVisible(chromedp.CSS(`#rebuild-result .ok`)),
+			chromedp.WaitVisible(chromedp.CSS(row)))
+		step(t, ctx, 60*time.Second, "the rebuild done", chromedp.WaitVisible(chromedp.CSS(row+`[data-phase="DONE"]`)))
+		progress, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` .progress`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`^(\d+)/(\d+) 100%$`).FindStringSubmatch(strings.TrimSpace(progress))
+		if m == nil || m[1] != m[2] || m[1] == "0" {
+			t.Errorf("progress of the finished rebuild = %q, want n/n 100%% with n > 0", progress)
+		}
+		shot(t, ctx, dir, "dashboard")
+	})
+
+	t.Run("a POST without the CSRF token is refused", func(t *testing.T) {
+		jar, _ := cookiejar.New(nil)
+		c := &http.Client{Jar: jar}
+		res, err := c.PostForm(sys.base+"/ui/login", url.Values{"token": {token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || res.Request.URL.Path != "/ui/" {
+			t.Fatalf("sign-in: %s at %s", res.Status, res.Request.URL)
+		}
+		for _, v := range []url.Values{{"name": {"history"}}, {"name": {"history"}, "csrf": {"forged"}}} {
+			res, err = c.PostForm(sys.base+"/ui/rebuild", v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusForbidden {
+				t.Errorf("POST /ui/rebuild with %v: %s, want 403", v, res.Status)
+			}
+		}
+		// Nothing was started: the history projection shows no rebuild.
+		p := sys.call(t, "GET", "/v1/projections", nil)
+		for _, pr := range p["projections"].([]any) {
+			if m := pr.(map[string]any); m["name"] == "history" && m["rebuild"] != nil {
+				t.Errorf("a refused POST started a rebuild: %v", m["rebuild"])
+			}
+		}
+	})
+}
+
+// The dashboard's webhook controls against a whole running system, in headless Chromium: a
+// dead letter resent from the page, a failing endpoint disabled and re-enabled from it.
+func TestDashboardControlsInBrowser(t *testing.T) {
+	t.Parallel()
+	sys := startSystem(t)
+	dir := artifacts(t)
+	ctx := browser(t)
+	step(t, ctx, 30*time.Second, "the dashboard after signing in",
+		chromedp.Navigate(sys.base+"/ui/"), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("signin")),
+		chromedp.WaitVisible(chromedp.ID("count-online")))
 
 	t.Run("a dead letter resent from the page arrives", func(t *testing.T) {
 		rcv, clientID := sys.failingClient(t, "Front desk", "UiDead1")
@@ -285,53 +347,5 @@ func TestDashboardInBrowser(t *testing.T) {
 		step(t, ctx, 10*time.Second, "the client shown enabled",
 			chromedp.WaitVisible(chromedp.CSS(tr+` td.endpoint .enabled`)),
 			chromedp.WaitNotPresent(chromedp.CSS(tr+` button.enable`)))
-	})
-
-	t.Run("a rebuild started from the page shows progress and ends", func(t *testing.T) {
-		row := `#rebuilds tr.rebuild[data-projection="state"]`
-		step(t, ctx, 10*time.Second, "rebuild clicked",
-			chromedp.Click(chromedp.ID("rebuild-state")),
-			chromedp.WaitVisible(chromedp.CSS(`#rebuild-result .ok`)),
-			chromedp.WaitVisible(chromedp.CSS(row)))
-		step(t, ctx, 60*time.Second, "the rebuild done", chromedp.WaitVisible(chromedp.CSS(row+`[data-phase="DONE"]`)))
-		progress, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` .progress`)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := regexp.MustCompile(`^(\d+)/(\d+) 100%$`).FindStringSubmatch(strings.TrimSpace(progress))
-		if m == nil || m[1] != m[2] || m[1] == "0" {
-			t.Errorf("progress of the finished rebuild = %q, want n/n 100%% with n > 0", progress)
-		}
-		shot(t, ctx, dir, "dashboard")
-	})
-
-	t.Run("a POST without the CSRF token is refused", func(t *testing.T) {
-		jar, _ := cookiejar.New(nil)
-		c := &http.Client{Jar: jar}
-		res, err := c.PostForm(sys.base+"/ui/login", url.Values{"token": {token}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK || res.Request.URL.Path != "/ui/" {
-			t.Fatalf("sign-in: %s at %s", res.Status, res.Request.URL)
-		}
-		for _, v := range []url.Values{{"name": {"history"}}, {"name": {"history"}, "csrf": {"forged"}}} {
-			res, err = c.PostForm(sys.base+"/ui/rebuild", v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			res.Body.Close()
-			if res.StatusCode != http.StatusForbidden {
-				t.Errorf("POST /ui/rebuild with %v: %s, want 403", v, res.Status)
-			}
-		}
-		// Nothing was started: the history projection shows no rebuild.
-		p := sys.call(t, "GET", "/v1/projections", nil)
-		for _, pr := range p["projections"].([]any) {
-			if m := pr.(map[string]any); m["name"] == "history" && m["rebuild"] != nil {
-				t.Errorf("a refused POST started a rebuild: %v", m["rebuild"])
-			}
-		}
 	})
 }

@@ -26,7 +26,7 @@ const childEnv = "LOCKS_WATCHDOG_TEST_CHILD"
 
 // The tests run side by side: they mostly wait for TTLs and lost_after to pass.
 func TestMain(m *testing.M) {
-	testenv.Parallel(8)
+	testenv.Parallel(12)
 	testenv.ChildMain(m, childEnv, runChild)
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,14 +123,19 @@ func TestPartsCannotTouchOthersConsumers(t *testing.T) {
 					if attacker == "api" {
 						delete(attempts, "info") // the api reads the projections' lag from their consumers
 					}
+					// Side by side: a refused request is answered by no one and waits out its
+					// timeout.
+					var wg sync.WaitGroup
 					for what, try := range attempts {
-						ctx, cancel := short()
-						err := try(ctx)
-						cancel()
-						if err == nil {
-							t.Errorf("%s may %s the notifier's consumer", attacker, what)
-						}
+						wg.Go(func() {
+							ctx, cancel := short()
+							defer cancel()
+							if err := try(ctx); err == nil {
+								t.Errorf("%s may %s the notifier's consumer", attacker, what)
+							}
+						})
 					}
+					wg.Wait()
 					testenv.Eventually(t, 5*time.Second, "the server's permissions violation for the delete", func() bool {
 						return v.about("$JS.API.CONSUMER.DELETE." + natsx.EventsStream + "." + victim)
 					})
@@ -214,6 +220,7 @@ func TestPartsWriteOnlyTheirOwnRegistryKeys(t *testing.T) {
 			if _, err := js.Publish(ctx, natsx.LogsSubject(natsx.ProcessKey("state", "host-2-12345678")), []byte(`{}`)); err != nil {
 				t.Fatalf("the state user appending to its own LOGS subject: %v", err)
 			}
+			var wg sync.WaitGroup
 			for what, try := range map[string]func(context.Context) error{
 				"overwrite another part's key": func(ctx context.Context) error { _, err := kv.Put(ctx, victim, []byte(`{}`)); return err },
 				"delete another part's key":    func(ctx context.Context) error { return kv.Delete(ctx, victim) },
@@ -227,13 +234,16 @@ func TestPartsWriteOnlyTheirOwnRegistryKeys(t *testing.T) {
 					return err
 				},
 			} {
-				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-				err := try(ctx)
-				cancel()
-				if err == nil {
-					t.Errorf("the state user may %s", what)
-				}
+				// Side by side, as in TestPartsCannotTouchOthersConsumers.
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+					defer cancel()
+					if err := try(ctx); err == nil {
+						t.Errorf("the state user may %s", what)
+					}
+				})
 			}
+			wg.Wait()
 			testenv.Eventually(t, 5*time.Second, "the server's permissions violation", func() bool {
 				return v.about("$KV." + natsx.ProcessesBucket + "." + victim)
 			})

@@ -31,7 +31,8 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	// The tests mostly wait: on processes starting and stopping, on refused requests.
+	testenv.Main(m, 8)
 }
 
 func locksCmd(t *testing.T, env []string, args ...string) *exec.Cmd {

@@ -140,11 +140,14 @@ func TestClusterSmoke(t *testing.T) {
 	if notifierConsumer == "" {
 		t.Fatal("no notifier consumer on EVENTS")
 	}
+	// Side by side: a refused request is answered by no one and waits out its timeout.
+	var wg sync.WaitGroup
 	for _, user := range []string{"api", "history"} {
 		unc, err := nats.Connect(c.NATSURL(user), nats.CustomInboxPrefix("_INBOX_"+user), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer unc.Close()
 		for _, subj := range []string{
 			"$JS.API.CONSUMER.DELETE.EVENTS." + notifierConsumer,
 			"$JS.API.CONSUMER.PAUSE.EVENTS." + notifierConsumer,
@@ -152,12 +155,14 @@ func TestClusterSmoke(t *testing.T) {
 			"$JS.API.CONSUMER.LEADER.STEPDOWN.EVENTS." + notifierConsumer,
 			"$KV.processes.notifier.forged",
 		} {
-			if _, err := unc.Request(subj, []byte(`{}`), time.Second); err == nil {
-				t.Errorf("the %s user's request to %s was answered", user, subj)
-			}
+			wg.Go(func() {
+				if _, err := unc.Request(subj, []byte(`{}`), time.Second); err == nil {
+					t.Errorf("the %s user's request to %s was answered", user, subj)
+				}
+			})
 		}
-		unc.Close()
 	}
+	wg.Wait()
 	if msg, err := nc.Request("$JS.API.CONSUMER.INFO.EVENTS."+notifierConsumer, nil, 5*time.Second); err != nil ||
 		strings.Contains(string(msg.Data), `"error"`) || strings.Contains(string(msg.Data), `"paused":true`) {
 		t.Fatalf("the notifier's consumer after the attempts: %v %s", err, msg.Data)

@@ -16,6 +16,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
+// The tests mostly wait on leases lapsing, each on an embedded server of its own.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
+
 // bucketAway runs an assigner of one partition whose NATS connection goes through a proxy, and
 // waits for its worker. away() then loses every answer of the lease bucket, as when the
 // bucket's stream has no leader after a NATS node died, until the returned function is called.

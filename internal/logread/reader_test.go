@@ -13,6 +13,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
+// The tests mostly wait on pulls and timeouts, each on an embedded server of its own.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
+
 // The rebuilds' reader returns every message of its filter once, in order, also when its
 // consumer is deleted under it (as the server does to an idle one) and when it starts later.
 func TestReaderInOrderThroughLostConsumer(t *testing.T) {

@@ -15,6 +15,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
+// The tests mostly wait on embedded servers and their clusters, each its own.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
+
 // The stream decides the partition with its subject transform; partition.Of must agree
 // with it for every sensor, or EVENTS subjects and the watchdog would disagree with READINGS.
 func TestPartitionMatchesServer(t *testing.T) {

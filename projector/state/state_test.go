@@ -30,6 +30,9 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
+// Many tests wait on leases and timers, each on its own database and NATS.
+func TestMain(m *testing.M) { testenv.Main(m, 4) }
+
 // stateEnv is one READINGS/EVENTS log and one database.
 type stateEnv struct {
 	nats   *testenv.NATSEnv
