@@ -88,16 +88,11 @@ type capacity struct {
 // A concurrent writer of the row (ingest superseding it) is waited for and re-checked by
 // the UPDATE itself.
 func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
-	return claimAmong(ctx, db, func(b *pgx.Batch) { queueCandidates(b, c, limit) }, token, lease)
-}
-
-// claimAmong is claim with the candidates of queue, which queues what readCandidates reads.
-func claimAmong(ctx context.Context, db pgtx.Pool, queue func(*pgx.Batch), token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
 	leasedAt := time.Now()
 	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		b := &pgx.Batch{}
-		queue(b)
+		queueCandidates(b, c, limit)
 		var ids []int64
 		var sensors []string
 		err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
@@ -154,7 +149,8 @@ func queueCandidates(b *pgx.Batch, c capacity, limit int) {
 	// with a Postgres crash only makes its row claimable again, which a crash between an
 	// attempt and its recorded outcome does anyway (at least once), and the flush is one
 	// more wait on every webhook's way.
-	queueClaimSettings(b)
+	b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true),
+		set_config('plan_cache_mode', 'force_generic_plan', true), set_config('synchronous_commit', 'off', true)`)
 	b.Queue(`
 		WITH narrow AS MATERIALIZED (`+rankedWindow("$3")+`),
 		     wide AS MATERIALIZED (`+rankedWindow("$4")+`)
@@ -167,19 +163,9 @@ func queueCandidates(b *pgx.Batch, c capacity, limit int) {
 			WHERE rn <= free
 			ORDER BY next_at, id LIMIT $3
 		) x
-		WHERE `+keyLock,
+		WHERE pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`,
 		busy, c.perClient, limit, 4*limit, fc, fr)
 	b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
-}
-
-// keyLock takes the transaction's advisory lock of the (client_id, sensor_id) key, or is
-// false when another claimer holds it.
-const keyLock = `pg_try_advisory_xact_lock(hashtextextended(client_id || '/' || sensor_id, 7301))`
-
-// queueClaimSettings queues the settings a claim runs under (see queueCandidates).
-func queueClaimSettings(b *pgx.Batch) {
-	b.Queue(`SELECT set_config('jit', 'off', true), set_config('enable_sort', 'off', true),
-		set_config('plan_cache_mode', 'force_generic_plan', true), set_config('synchronous_commit', 'off', true)`)
 }
 
 // readCandidates reads what queueCandidates queued: the candidates' ids and sensors.

@@ -25,17 +25,10 @@ func (n *Notifier) dispatch(ctx context.Context) {
 	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	busyLoop := false
 	for ctx.Err() == nil {
-		select {
-		case rows := <-n.handoff.rows:
-			busyLoop = n.startHanded(ctx, &wg, rows) > 0
-		default:
-		}
 		free := n.cfg.MaxInFlight - int(n.inflight.Load())
 		if free <= 0 {
 			select {
 			case <-n.slotFreed:
-			case rows := <-n.handoff.rows:
-				n.startHanded(ctx, &wg, rows)
 			case <-ctx.Done():
 			}
 			continue
@@ -59,26 +52,15 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		if started > 0 {
 			continue
 		}
-		n.idle(ctx, &wg, nextDue(ctx, n.db, n.cfg.PollInterval))
-	}
-}
-
-// idle waits up to wait for a reason to claim (a wake-up, a free slot), starting the rows
-// the intake hands over meanwhile: those need no claim.
-func (n *Notifier) idle(ctx context.Context, wg *sync.WaitGroup, wait time.Duration) {
-	t := time.NewTimer(max(wait, time.Millisecond))
-	defer t.Stop()
-	for {
+		wait := nextDue(ctx, n.db, n.cfg.PollInterval)
+		t := time.NewTimer(max(wait, time.Millisecond))
 		select {
-		case rows := <-n.handoff.rows:
-			n.startHanded(ctx, wg, rows)
-			continue
 		case <-n.wake:
 		case <-n.slotFreed:
 		case <-t.C:
 		case <-ctx.Done():
 		}
-		return
+		t.Stop()
 	}
 }
 

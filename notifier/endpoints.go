@@ -121,7 +121,15 @@ func (es *endpoints) capacity(now time.Time) capacity {
 	defer es.mu.Unlock()
 	c := capacity{perClient: es.perEndpoint}
 	for id, e := range es.m {
-		free := es.free(e, now)
+		free := 0
+		switch {
+		case es.tripped(e.breaker): // open, or half-open: one probe
+			if es.canTake(e, now) {
+				free = 1
+			}
+		default:
+			free = e.depth() - e.inflight - len(e.queue)
+		}
 		if free <= 0 {
 			c.busy = append(c.busy, id)
 			continue
@@ -129,29 +137,6 @@ func (es *endpoints) capacity(now time.Time) capacity {
 		c.freeClient, c.free = append(c.freeClient, id), append(c.free, int32(free))
 	}
 	return c
-}
-
-// free is how many more attempts e can take now; e's lock is held.
-func (es *endpoints) free(e *endpoint, now time.Time) int {
-	if es.tripped(e.breaker) { // open, or half-open: one probe
-		if es.canTake(e, now) {
-			return 1
-		}
-		return 0
-	}
-	return e.depth() - e.inflight - len(e.queue)
-}
-
-// room is how many more rows client's endpoint can take now, to attempt or to queue: as
-// capacity says (perEndpoint for a client this process does not know).
-func (es *endpoints) room(client string, now time.Time) int {
-	es.mu.Lock()
-	defer es.mu.Unlock()
-	e := es.m[client]
-	if e == nil {
-		return es.perEndpoint
-	}
-	return es.free(e, now)
 }
 
 // acquire takes a slot of client's endpoint, or reports false.

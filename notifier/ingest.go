@@ -141,7 +141,6 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 	}
 	pos := position{seq: max(in.done, last), stream: in.stream}
 	var created, late int
-	var ins inserted
 	var recs []event.Attempt
 	var tps []string // the intake spans' traceparents, kept on the deliveries while tracing
 	if n.tracer != nil {
@@ -156,11 +155,11 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, p) },
 			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, p, epoch) },
 		}
-		got, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
+		ins, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
 		if err != nil {
 			return err
 		}
-		ins, created, recs, late = got, got.created, rs, lt
+		created, recs, late = ins.created, rs, lt
 		w := &pgx.Batch{}
 		if err := queueOutbox(w, recs); err != nil {
 			return err
@@ -196,9 +195,7 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 	n.m.events.Add(float64(len(evs)))
 	n.m.created.Add(float64(created))
 	n.count(recs)
-	if !n.handOff(ins) {
-		poke(n.wake)
-	}
+	poke(n.wake)
 	if len(recs) > 0 {
 		n.relay.Wake()
 	}

@@ -60,7 +60,6 @@ type Notifier struct {
 	inflight  atomic.Int64
 	results   chan result
 	wake      chan struct{} // the dispatcher: something may be due
-	handoff   *handoff      // deliveries leased at intake, for the dispatcher
 	slotFreed chan struct{}
 	ran       atomic.Bool
 	gaps      *logread.Gaps
@@ -77,9 +76,7 @@ type metrics struct {
 	breaker  prometheus.Counter
 	resets   prometheus.Counter
 	late     prometheus.Counter
-	// handedOff counts deliveries leased at intake and handed to the dispatcher.
-	handedOff prometheus.Counter
-	clients   *clientMetrics
+	clients  *clientMetrics
 	// This part's hops of locks_stage_seconds.
 	intake, claim, attempt, finish stage.Observer
 }
@@ -103,7 +100,6 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 		results:   make(chan result, 2*cfg.MaxInFlight),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
-		handoff:   newHandoff(),
 		tracer:    d.Tracer,
 	}
 	n.m = metrics{
@@ -127,12 +123,10 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 			Help: "Endpoint resets (an operator's redrive, resend or re-enable) received over NATS."}),
 		late: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_late_events_total",
 			Help: "Events taken in after a newer revision of the same sensor for the same client (recorded superseded, never sent): should stay 0."}),
-		handedOff: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_intake_leased_total",
-			Help: "Deliveries leased by the intake itself and handed to the dispatcher, their first attempt waiting for no claim."}),
 		clients: newClientMetrics(cfg.MetricsMaxClients),
 	}
 	if err := part.Register(d.Registerer, "notifier", append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency,
-		n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late, n.m.handedOff}, n.m.clients.collectors()...)...); err != nil {
+		n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late}, n.m.clients.collectors()...)...); err != nil {
 		return nil, err
 	}
 	var err error
