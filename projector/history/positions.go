@@ -126,6 +126,8 @@ func readPositions(ctx context.Context, ch driver.Conn, sources []string) (map[s
 // source is its position.
 func writePositions(ctx context.Context, ch driver.Conn, ps map[string]position, now time.Time) error {
 	t := chschema.Positions
+	ctx, done := batchContext(ctx)
+	defer done()
 	b, err := ch.PrepareBatch(ctx, t.Insert(t.Name))
 	if err != nil {
 		return fmt.Errorf("prepare insert into %s: %w", t.Name, err)

@@ -275,6 +275,8 @@ func (s *sink) insert(ctx context.Context, cols []any) error {
 
 // insertRows writes columns (as built by table.columns) in one INSERT naming every column.
 func insertRows(ctx context.Context, ch driver.Conn, t table, cols []any) error {
+	ctx, done := batchContext(ctx)
+	defer done()
 	b, err := ch.PrepareBatch(ctx, t.schema.Insert(t.name))
 	if err != nil {
 		return fmt.Errorf("prepare insert into %s: %w", t.name, err)
