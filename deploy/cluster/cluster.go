@@ -265,7 +265,25 @@ func (c *Cluster) addr(base, offset int) (string, error) {
 	return l.Addr().String(), nil
 }
 
+// startPart starts p and waits for its /readyz. With free ports (HTTPPort 0), a process that
+// exits at start is started again on new ones, twice at most: a port found free can be taken
+// by another process before the part listens on it ("address already in use").
 func (c *Cluster) startPart(ctx context.Context, p *Part) error {
+	for try := 1; ; try++ {
+		err := c.startPartOnce(ctx, p)
+		if err == nil || c.cfg.HTTPPort != 0 || try == 3 || !errors.Is(err, errExitedEarly) {
+			return err
+		}
+		if p.HTTPAddr, err = c.addr(0, 0); err != nil {
+			return err
+		}
+		if p.GRPCAddr, err = c.addr(0, 0); err != nil {
+			return err
+		}
+	}
+}
+
+func (c *Cluster) startPartOnce(ctx context.Context, p *Part) error {
 	name := p.Part + "-" + strconv.Itoa(p.Index+1)
 	args := []string{"run", "--targets=" + p.Part}
 	if c.cfg.Partitions == "split" && slices.Contains(partitioned, p.Part) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -152,6 +153,9 @@ func (c *Cluster) RestartNode(ctx context.Context, i int) error {
 }
 
 // waitHTTP polls u until it answers 200, the process exits or within passes.
+// errExitedEarly says a process exited before it answered /readyz.
+var errExitedEarly = errors.New("exited before it was ready")
+
 func waitHTTP(ctx context.Context, p *Process, u string, within time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
@@ -171,7 +175,7 @@ func waitHTTP(ctx context.Context, p *Process, u string, within time.Duration) e
 		}
 		select {
 		case <-p.Done():
-			return fmt.Errorf("%s exited before %s answered 200: %v", p.Name, u, p.Err())
+			return fmt.Errorf("%s %w (%s answered no 200): %v", p.Name, errExitedEarly, u, p.Err())
 		case <-ctx.Done():
 			return fmt.Errorf("%s: %s did not answer 200 within %s (last: %s)", p.Name, u, within, last)
 		case <-time.After(250 * time.Millisecond):
