@@ -62,12 +62,6 @@ func (in *intake) dirty() bool {
 	return in.stream != "" && in.saved != position{seq: in.done, stream: in.stream}
 }
 
-// streamAt is EVENTS as a resume sees it: its identity and extent.
-type streamAt struct {
-	id          string
-	first, last uint64
-}
-
 // resumeVerdict says why a partition resumes where it does.
 type resumeVerdict int
 
@@ -95,20 +89,20 @@ const (
 // nothing and sends nothing twice, and refusing would hold back the events that the new
 // stream does carry. Resuming on a position ahead of its stream would skip the events that
 // come next under the sequences it passed, so it reads on from the stream's end instead.
-func resumeFrom(pos position, found bool, floor uint64, cur streamAt) (uint64, resumeVerdict) {
+func resumeFrom(pos position, found bool, floor uint64, cur natsx.Extent) (uint64, resumeVerdict) {
 	var after uint64
 	v := resumeAfter
 	switch {
 	case !found:
-		after, v = min(floor, cur.last), resumeFloor
-	case pos.stream != cur.id:
+		after, v = min(floor, cur.Last), resumeFloor
+	case pos.stream != cur.ID:
 		after, v = 0, resumeOtherStream
-	case pos.seq > cur.last:
-		after, v = cur.last, resumeAhead
+	case pos.seq > cur.Last:
+		after, v = cur.Last, resumeAhead
 	default:
 		after = pos.seq
 	}
-	return max(after+1, cur.first), v
+	return max(after+1, cur.First), v
 }
 
 // resume is the stream sequence in's consumer starts at, asked at every (re)open: after
@@ -133,7 +127,7 @@ func (n *Notifier) resume(ctx context.Context, in *intake) (uint64, error) {
 		return 0, fmt.Errorf("%s info: %w", natsx.EventsStream, err)
 	}
 	info := st.CachedInfo()
-	cur := streamAt{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
+	cur := natsx.ExtentOf(info)
 	var floor uint64
 	if !found {
 		if floor, err = n.ackFloor(ctx, in.p); err != nil {
@@ -149,14 +143,14 @@ func (n *Notifier) resume(ctx context.Context, in *intake) (uint64, error) {
 		log.Info("no EVENTS position in Postgres yet, nor a consumer: starting at the stream's first message")
 	case v == resumeOtherStream:
 		log.Error("the EVENTS position belongs to another stream (the NATS store was lost or replaced): reading this stream from its start; the intake is idempotent by event id, so nothing is sent twice",
-			"position_stream", pos.stream, "events_stream", cur.id)
+			"position_stream", pos.stream, "events_stream", cur.ID)
 	case v == resumeAhead:
 		log.Error("the EVENTS position is past the end of the stream (the store was restored from an older copy or lost its last writes): reading on after its end, where new events come",
-			"events_last_seq", cur.last)
+			"events_last_seq", cur.Last)
 	}
 	// Written before in moves: should the write fail, the next open decides again from
 	// Postgres, and the consumer (whose floor may be all there is) is not recreated meanwhile.
-	at := position{seq: next - 1, stream: cur.id}
+	at := position{seq: next - 1, stream: cur.ID}
 	if v != resumeAfter {
 		if err := n.savePosition(ctx, in, at); err != nil {
 			return 0, err

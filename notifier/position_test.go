@@ -20,7 +20,7 @@ import (
 
 func TestResumeFrom(t *testing.T) {
 	t.Parallel()
-	cur := streamAt{id: "B", first: 10, last: 100}
+	cur := natsx.Extent{ID: "B", First: 10, Last: 100}
 	for _, tc := range []struct {
 		name  string
 		pos   position
@@ -48,7 +48,7 @@ func TestResumeFrom(t *testing.T) {
 			}
 		})
 	}
-	if got, _ := resumeFrom(position{}, false, 0, streamAt{id: "new"}); got != 1 {
+	if got, _ := resumeFrom(position{}, false, 0, natsx.Extent{ID: "new"}); got != 1 {
 		t.Fatalf("an empty stream: %d, want 1", got)
 	}
 }
@@ -64,14 +64,14 @@ func (e *env) positionOf(p int) position {
 }
 
 // eventsStream is EVENTS as it is now.
-func (e *env) eventsStream() streamAt {
+func (e *env) eventsStream() natsx.Extent {
 	e.t.Helper()
 	st, err := natsx.Stream(e.t.Context(), e.nats.JS, natsx.EventsStream)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	info := st.CachedInfo()
-	return streamAt{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
+	return natsx.ExtentOf(info)
 }
 
 // newSubscribedEnv is newEnv with sensors s1..sN, each subscribed by the client c1, whose
@@ -233,7 +233,7 @@ func TestNotifierPositionOfAnotherStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	cur := e.eventsStream()
-	if cur.id == old.id {
+	if cur.ID == old.ID {
 		t.Fatal("the new EVENTS stream has the old one's identity")
 	}
 	e.publishRev(sensors, 2)
@@ -242,8 +242,8 @@ func TestNotifierPositionOfAnotherStream(t *testing.T) {
 	e.waitTakenIn(20 * time.Second)
 	checkRevisions(t, rc, sensors, 1, 2)
 	for p := range testPartitions {
-		if pos := e.positionOf(p); pos.stream != cur.id {
-			t.Errorf("partition %d: position %+v, want one of the new stream %s", p, pos, cur.id)
+		if pos := e.positionOf(p); pos.stream != cur.ID {
+			t.Errorf("partition %d: position %+v, want one of the new stream %s", p, pos, cur.ID)
 		}
 	}
 }
@@ -257,10 +257,10 @@ func TestNotifierPositionAheadOfStream(t *testing.T) {
 	e.publishRev(1, 1)
 	cur := e.eventsStream()
 	p := partition.Of("s1", testPartitions)
-	e.exec(`INSERT INTO notifier_positions (partition, seq, stream) VALUES ($1, 50, $2)`, p, cur.id)
+	e.exec(`INSERT INTO notifier_positions (partition, seq, stream) VALUES ($1, 50, $2)`, p, cur.ID)
 	e.start()
 	testenv.Eventually(t, 10*time.Second, "the position moved back to the stream's end", func() bool {
-		return e.positionOf(p) == position{seq: cur.last, stream: cur.id}
+		return e.positionOf(p) == position{seq: cur.Last, stream: cur.ID}
 	})
 	e.publishRev(1, 2)
 	waitWebhooks(t, rc, 1, 10*time.Second)
@@ -311,7 +311,7 @@ func TestNotifierPositionMovesWithoutTransactions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	last := e.eventsStream().last
+	last := e.eventsStream().Last
 	testenv.Eventually(t, 3*positionFlushInterval, "the position past the set-aside messages", func() bool { return e.positionOf(p).seq == last })
 }
 

@@ -46,12 +46,6 @@ type position struct {
 	Stream string `json:"stream"`
 }
 
-// readingsNow is READINGS as a consumer (re)opens on it: its identity and extent.
-type readingsNow struct {
-	id          string
-	first, last uint64
-}
-
 // resumePoint is where a partition's consumer starts, from what is known to be refreshed:
 // stored, the position key; done, this process's own progress on stream doneStream (0 when
 // it has none); acked, the ack floor of a consumer of the partition still on the server (0:
@@ -68,21 +62,21 @@ type readingsNow struct {
 // from those the position covered). A position older than the stream's first message
 // (gone with its retention) starts at the first. note says which of these happened, ""
 // when none.
-func resumePoint(stored position, done uint64, doneStream string, acked uint64, now readingsNow) (next uint64, note string) {
-	first := max(now.first, 1)
-	if doneStream != now.id {
+func resumePoint(stored position, done uint64, doneStream string, acked uint64, now natsx.Extent) (next uint64, note string) {
+	first := max(now.First, 1)
+	if doneStream != now.ID {
 		done = 0
 	}
 	switch {
-	case stored.Seq > 0 && stored.Stream != now.id:
+	case stored.Seq > 0 && stored.Stream != now.ID:
 		note = fmt.Sprintf("the position %d belongs to another READINGS stream (created %s; READINGS now is the stream created %s: the NATS store was lost or replaced): starting over at the stream's first message",
-			stored.Seq, stored.Stream, now.id)
+			stored.Seq, stored.Stream, now.ID)
 		stored = position{}
-	case stored.Seq > now.last || done > now.last:
+	case stored.Seq > now.Last || done > now.Last:
 		return first, fmt.Sprintf("the position %d is ahead of READINGS, whose last sequence is %d (the store lost its last writes): starting over at the stream's first message",
-			max(stored.Seq, done), now.last)
+			max(stored.Seq, done), now.Last)
 	}
-	last := max(stored.Seq, done, min(acked, now.last))
+	last := max(stored.Seq, done, min(acked, now.Last))
 	if last > 0 && last+1 < first && note == "" {
 		note = fmt.Sprintf("the position %d is older than READINGS' first message %d (retention): resuming at the first", last, first)
 	}
@@ -124,7 +118,7 @@ func (w *Watchdog) resumeFunc(p int, ps *partState, name string, drained func(co
 			return 0, fmt.Errorf("READINGS: %w", err)
 		}
 		info := st.CachedInfo()
-		now := readingsNow{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}
+		now := natsx.ExtentOf(info)
 		stored, written, err := w.readPosition(ctx, p)
 		if err != nil {
 			return 0, err
@@ -140,18 +134,18 @@ func (w *Watchdog) resumeFunc(p int, ps *partState, name string, drained func(co
 		ps.mu.Lock()
 		done := ps.doneSeq.Load()
 		next, note := resumePoint(stored, done, ps.stream, acked, now)
-		own := ps.stream == now.id && done > 0 && next == done+1
-		if note != "" || stored.Stream != now.id || next != stored.Seq+1 {
+		own := ps.stream == now.ID && done > 0 && next == done+1
+		if note != "" || stored.Stream != now.ID || next != stored.Seq+1 {
 			written = time.Time{} // not resumed right after the position
 		}
-		ps.replay = newReplayWindow(next, now.last, own, written, w.cfg.PositionEvery)
+		ps.replay = newReplayWindow(next, now.Last, own, written, w.cfg.PositionEvery)
 		// The partition's progress is where it resumes: every message before next is
 		// refreshed (or was never in this stream), whatever the progress said before (on
 		// another stream, or ahead of this one). Nothing is in flight (drained), so the
 		// acker cannot store an older sequence after this.
-		ps.stream = now.id
+		ps.stream = now.ID
 		ps.doneSeq.Store(next - 1)
-		if stored.Stream == now.id && ps.savedPos.Stream != now.id {
+		if stored.Stream == now.ID && ps.savedPos.Stream != now.ID {
 			ps.savedPos = stored // not written again until it moves
 		}
 		ps.mu.Unlock()

@@ -21,14 +21,14 @@ import (
 
 func TestResumePoint(t *testing.T) {
 	t.Parallel()
-	now := readingsNow{id: "s2", first: 1, last: 100}
+	now := natsx.Extent{ID: "s2", First: 1, Last: 100}
 	for _, c := range []struct {
 		name       string
 		stored     position
 		done       uint64
 		doneStream string
 		acked      uint64
-		now        readingsNow
+		now        natsx.Extent
 		want       uint64
 		note       string // a part of the note; "": none
 	}{
@@ -44,10 +44,10 @@ func TestResumePoint(t *testing.T) {
 		{name: "position ahead of the stream: start over", stored: position{150, "s2"}, now: now, want: 1, note: "ahead"},
 		{name: "own progress ahead of a stream that lost writes", done: 150, doneStream: "s2", now: now, want: 1, note: "ahead"},
 		{name: "own progress ahead of another stream", done: 150, doneStream: "s1", now: now, want: 1},
-		{name: "position before the first message", stored: position{40, "s2"}, now: readingsNow{id: "s2", first: 60, last: 100}, want: 60, note: "retention"},
-		{name: "nothing known, stream starting later", now: readingsNow{id: "s2", first: 60, last: 100}, want: 60},
-		{name: "empty stream", now: readingsNow{id: "s2"}, want: 1},
-		{name: "position right before the first message", stored: position{59, "s2"}, now: readingsNow{id: "s2", first: 60, last: 100}, want: 60},
+		{name: "position before the first message", stored: position{40, "s2"}, now: natsx.Extent{ID: "s2", First: 60, Last: 100}, want: 60, note: "retention"},
+		{name: "nothing known, stream starting later", now: natsx.Extent{ID: "s2", First: 60, Last: 100}, want: 60},
+		{name: "empty stream", now: natsx.Extent{ID: "s2"}, want: 1},
+		{name: "position right before the first message", stored: position{59, "s2"}, now: natsx.Extent{ID: "s2", First: 60, Last: 100}, want: 60},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, note := resumePoint(c.stored, c.done, c.doneStream, c.acked, c.now)

@@ -61,10 +61,10 @@ func (h *Projector) openShared(ctx context.Context, s *sink, src *source) (jetst
 				return nil, fmt.Errorf("update consumer %s: %w", src.durable, err)
 			}
 		}
-		src.shared.Store(&sharedConsumer{cons: cons, stream: st.id})
+		src.shared.Store(&sharedConsumer{cons: cons, stream: st.ID})
 		return cons, nil
 	case err == nil:
-		p = position{stream: st.id, seq: cons.CachedInfo().AckFloor.Stream}
+		p = position{stream: st.ID, seq: cons.CachedInfo().AckFloor.Stream}
 		if err := h.js.DeleteConsumer(ctx, src.stream, src.durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("replace the file-backed consumer %s: %w", src.durable, err)
 		}
@@ -88,7 +88,7 @@ func (h *Projector) openShared(ctx context.Context, s *sink, src *source) (jetst
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s: %w", src.durable, err)
 	}
-	src.shared.Store(&sharedConsumer{cons: cons, stream: st.id})
+	src.shared.Store(&sharedConsumer{cons: cons, stream: st.ID})
 	return cons, nil
 }
 

@@ -251,15 +251,15 @@ func (h *Projector) resume(src *source, table string) func(context.Context) (uin
 		if err != nil {
 			return 0, err
 		}
-		if src.pos.seq == 0 && (src.pos.stream == "" || src.pos.stream == st.id) {
+		if src.pos.seq == 0 && (src.pos.stream == "" || src.pos.stream == st.ID) {
 			// No position yet: where the Reader opened last, or at first the durable's ack
 			// floor (a file-backed consumer of a version that kept no positions), or the
 			// stream's start.
-			src.pos.stream = st.id
+			src.pos.stream = st.ID
 			return 0, nil
 		}
 		start := h.startFrom(ctx, src, table, src.pos, st)
-		src.pos = position{stream: st.id, seq: start - 1}
+		src.pos = position{stream: st.ID, seq: start - 1}
 		return start, nil
 	}
 }

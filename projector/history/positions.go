@@ -44,20 +44,14 @@ type position struct {
 	seq    uint64
 }
 
-// streamAt is a stream's identity and extent as of now.
-type streamAt struct {
-	id          string
-	first, last uint64
-}
-
 // streamNow asks the server for stream's identity and extent.
-func streamNow(ctx context.Context, js jetstream.JetStream, stream string) (streamAt, error) {
+func streamNow(ctx context.Context, js jetstream.JetStream, stream string) (natsx.Extent, error) {
 	st, err := natsx.Stream(ctx, js, stream)
 	if err != nil {
-		return streamAt{}, fmt.Errorf("%s info: %w", stream, err)
+		return natsx.Extent{}, fmt.Errorf("%s info: %w", stream, err)
 	}
 	info := st.CachedInfo()
-	return streamAt{id: natsx.StreamIdentity(info), first: info.State.FirstSeq, last: info.State.LastSeq}, nil
+	return natsx.ExtentOf(info), nil
 }
 
 // Why a source does not resume right after its position.
@@ -69,14 +63,14 @@ const (
 
 // startAt is the stream sequence a source at p reads next in s, and, when that is not right
 // after p, why (one of the reset constants).
-func startAt(p position, s streamAt) (uint64, string) {
-	first := max(s.first, 1)
+func startAt(p position, s natsx.Extent) (uint64, string) {
+	first := max(s.First, 1)
 	switch {
 	case p.seq == 0:
 		return first, ""
-	case p.stream != s.id:
+	case p.stream != s.ID:
 		return first, resetOtherStream
-	case p.seq > s.last:
+	case p.seq > s.Last:
 		return first, resetAhead
 	case p.seq+1 < first:
 		return first, resetTruncated
@@ -85,17 +79,17 @@ func startAt(p position, s streamAt) (uint64, string) {
 }
 
 // explainReset is the log line's reason for a start at start after p in s.
-func explainReset(why string, p position, s streamAt, start uint64) string {
+func explainReset(why string, p position, s natsx.Extent, start uint64) string {
 	switch why {
 	case resetOtherStream:
 		return fmt.Sprintf("position %d was written on the stream created %s, but the stream now is the one created %s (the NATS store was lost or replaced): reading the new stream from its first message, %d",
-			p.seq, p.stream, s.id, start)
+			p.seq, p.stream, s.ID, start)
 	case resetAhead:
 		return fmt.Sprintf("position %d is ahead of the stream's last message %d (the store was restored from an older copy or lost its last writes): reading it again from its first message, %d; what is written already collapses",
-			p.seq, s.last, start)
+			p.seq, s.Last, start)
 	default:
 		return fmt.Sprintf("position %d is before the stream's first message %d: the stream's messages %d to %d were removed (its limits, or a purge) before history wrote those of this consumer",
-			p.seq, s.first, p.seq+1, s.first-1)
+			p.seq, s.First, p.seq+1, s.First-1)
 	}
 }
 
@@ -170,7 +164,7 @@ func (h *Projector) loadPositions(ctx context.Context, srcs []*source) bool {
 
 // startFrom is where src, at p, reads next in st; a start elsewhere than right after p is
 // logged and counted.
-func (h *Projector) startFrom(ctx context.Context, src *source, table string, p position, st streamAt) uint64 {
+func (h *Projector) startFrom(ctx context.Context, src *source, table string, p position, st natsx.Extent) uint64 {
 	start, why := startAt(p, st)
 	if why != "" {
 		lvl := slog.LevelError

@@ -19,23 +19,23 @@ import (
 
 func TestStartAt(t *testing.T) {
 	t.Parallel()
-	s := streamAt{id: "B", first: 100, last: 500}
+	s := natsx.Extent{ID: "B", First: 100, Last: 500}
 	for _, c := range []struct {
 		name  string
 		p     position
-		s     streamAt
+		s     natsx.Extent
 		start uint64
 		why   string
 	}{
 		{"none", position{}, s, 100, ""},
-		{"none, new stream", position{}, streamAt{id: "B"}, 1, ""},
+		{"none, new stream", position{}, natsx.Extent{ID: "B"}, 1, ""},
 		{"inside", position{"B", 250}, s, 251, ""},
 		{"at the end", position{"B", 500}, s, 501, ""},
 		{"just before the first", position{"B", 99}, s, 100, ""},
 		{"removed by the limits", position{"B", 42}, s, 100, resetTruncated},
 		{"ahead of the stream", position{"B", 501}, s, 100, resetAhead},
 		{"another stream", position{"A", 250}, s, 100, resetOtherStream},
-		{"another stream, new and empty", position{"A", 250}, streamAt{id: "B"}, 1, resetOtherStream},
+		{"another stream, new and empty", position{"A", 250}, natsx.Extent{ID: "B"}, 1, resetOtherStream},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			start, why := startAt(c.p, c.s)
@@ -66,7 +66,7 @@ func historyPositions(t testing.TB, e *historyEnv) (readings, events map[int]pos
 }
 
 // historyStream is the identity and extent of stream now.
-func historyStream(t testing.TB, e *historyEnv, stream string) streamAt {
+func historyStream(t testing.TB, e *historyEnv, stream string) natsx.Extent {
 	t.Helper()
 	st, err := streamNow(t.Context(), e.nats.JS, stream)
 	if err != nil {
@@ -93,7 +93,7 @@ func historyLastOf(t testing.TB, e *historyEnv, stream, subject string) uint64 {
 // message in the stream as it is now.
 func historyWaitPositions(t testing.TB, e *historyEnv) {
 	t.Helper()
-	rid, eid := historyStream(t, e, natsx.ReadingsStream).id, historyStream(t, e, natsx.EventsStream).id
+	rid, eid := historyStream(t, e, natsx.ReadingsStream).ID, historyStream(t, e, natsx.EventsStream).ID
 	want := map[string]position{}
 	for p := range historyPartitions {
 		want["r"+strconv.Itoa(p)] = position{rid, historyLastOf(t, e, natsx.ReadingsStream, natsx.ReadingsPartitionFilter(p))}
@@ -196,7 +196,7 @@ func TestHistoryConsumersInMemory(t *testing.T) {
 		return historyCount(t, e, historyDeliveriesQuery) == 20 && d.seq >= 10
 	})
 	historyWaitPositions(t, e)
-	if _, _, d := historyPositions(t, e); d.stream != historyStream(t, e, natsx.DeliveriesStream).id || d.seq > 20 {
+	if _, _, d := historyPositions(t, e); d.stream != historyStream(t, e, natsx.DeliveriesStream).ID || d.seq > 20 {
 		t.Errorf("DELIVERIES position %+v: want 10 to 20 on the current stream", d)
 	}
 
@@ -282,7 +282,7 @@ func TestHistoryResumesAtPosition(t *testing.T) {
 			}
 			ps := map[string]position{}
 			for p := range historyPartitions {
-				ps[readingsConsumer(DurableDefault, p)] = c.plant(st.id, st.last)
+				ps[readingsConsumer(DurableDefault, p)] = c.plant(st.ID, st.Last)
 			}
 			if err := writePositions(t.Context(), e.ch, ps, time.Now()); err != nil {
 				t.Fatal(err)
