@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,6 +74,8 @@ type batch struct {
 	applied int
 	skipped int
 	behind  bool // the whole batch was at or below the checkpoint
+	// inMemory: the batch changed nothing but liveness and was not committed (applyInMemory).
+	inMemory bool
 }
 
 func newBatch(s *Projector, tx *pgtx.Tx, p int, epoch int64, items []item, cache *rowCache) *batch {
@@ -120,20 +123,30 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 	if cache == nil {
 		cache = newRowCache(0)
 	}
-	b, err = s.commit(ctx, p, epoch, items, lastSeq, cache, false)
-	if err != nil {
-		return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
+	if b = s.applyInMemory(p, items, len(msgs), lastSeq, cache); b == nil {
+		b, err = s.commit(ctx, p, epoch, items, lastSeq, cache, false)
+		if err != nil {
+			return fmt.Errorf("partition %d batch up to seq %d: %w", p, lastSeq, err)
+		}
 	}
-	if b.behind {
+	switch {
+	case b.inMemory:
+		s.m.inMemory.Add(float64(len(items)))
+	case b.behind:
 		// Nothing written: the checkpoint stayed where it was, beyond lastSeq.
 		cache.clear()
-	} else {
+	default:
 		committed := time.Now()
 		for _, it := range items {
 			s.m.stage.Between(it.log.ReceivedTime, committed)
 		}
 	}
-	s.m.batch.Observe(float64(len(msgs)))
+	if !b.inMemory {
+		s.m.batch.Observe(float64(len(msgs)))
+	}
+	if !b.behind {
+		s.m.appliedSeq.WithLabelValues(strconv.Itoa(p)).Set(float64(lastSeq))
+	}
 	s.m.applied.Add(float64(b.applied))
 	if b.skipped > 0 {
 		s.m.skipped.WithLabelValues("already_applied").Add(float64(b.skipped))
@@ -155,6 +168,11 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 		cache.clear()
 		full = false
 	}
+	if cache.ahead() && len(items) > 0 && items[0].seq <= cache.applied {
+		// Delivered again (the reader resumed from the checkpoint): what memory applied
+		// beyond the checkpoint is applied again from Postgres's rows.
+		cache.clear()
+	}
 	var b *batch
 	// BEGIN goes with the first batch (lockAndLoad) and COMMIT with the last (send).
 	err := pgtx.Run(ctx, s.pg, func(tx *pgtx.Tx) error {
@@ -165,7 +183,8 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 			return err
 		}
 		if lastSeq == 0 {
-			lastSeq = b.cp // nothing to apply: the checkpoint stays
+			// Nothing to apply: the checkpoint stays, or moves to what memory applied.
+			lastSeq = max(b.cp, cache.applied)
 		} else if lastSeq <= b.cp {
 			b.skipped, b.behind = len(items), true
 			return tx.Commit(ctx, nil, nil)
@@ -188,6 +207,7 @@ func (s *Projector) commit(ctx context.Context, p int, epoch int64, items []item
 	}
 	cache.committed(b, s.clock.Now())
 	cache.cp, cache.stale = max(lastSeq, cache.cp), false
+	cache.applied = max(cache.applied, cache.cp)
 	if full {
 		cache.clear()
 	}
@@ -265,7 +285,9 @@ func (b *batch) lockCheckpoint(br pgx.BatchResults) error {
 		return fmt.Errorf("look up sensor_state: %w", err)
 	}
 	if table != b.cache.table {
-		b.cache.clear()
+		if err := b.cache.forget(); err != nil {
+			return err
+		}
 		b.cache.table = table
 	}
 	return nil
@@ -282,7 +304,9 @@ func (b *batch) loadRows(ctx context.Context) error {
 			}
 		}
 	} else {
-		b.cache.clear()
+		if err := b.cache.forget(); err != nil {
+			return err
+		}
 		if b.seen < b.cp {
 			// Liveness deferred by a memory that is gone: replayed first, and every row
 			// read again after it.

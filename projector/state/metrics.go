@@ -24,6 +24,10 @@ type metrics struct {
 	rows *prometheus.CounterVec
 	// seenReplayed are rows whose deferred liveness was replayed from READINGS.
 	seenReplayed prometheus.Counter
+	// inMemory are messages applied without a transaction of their own (applyInMemory).
+	inMemory prometheus.Counter
+	// appliedSeq is the last sequence a partition applied, committed or in memory.
+	appliedSeq *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,8 +50,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "sensor_state rows written, by why: change (the sensor had an event) or seen (liveness only, written at most every LOCKS_STATE_SEEN_INTERVAL)."}, []string{"why"}),
 		seenReplayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_state_seen_replayed_total",
 			Help: "sensor_state rows whose deferred liveness was replayed from READINGS after a restart, a takeover or a failed transaction."}),
+		inMemory: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_state_applied_in_memory_total",
+			Help: "READINGS messages applied without a transaction: their batch changed nothing but liveness, which a later transaction writes with the checkpoint (within LOCKS_STATE_SEEN_INTERVAL)."}),
+		appliedSeq: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "locks_state_applied_seq",
+			Help: "READINGS sequence of the last message the state projector applied, by partition: its checkpoint, or beyond it by what was applied in memory."}, []string{"partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag, m.lagSeconds, m.rows, m.seenReplayed} {
+	for _, c := range []prometheus.Collector{m.applied, m.skipped, m.events, m.batch, m.commit, m.lag, m.lagSeconds, m.rows, m.seenReplayed, m.inMemory, m.appliedSeq} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("state projector metrics: %w", err)
 		}

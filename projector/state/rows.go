@@ -1,6 +1,7 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -8,12 +9,15 @@ import (
 )
 
 // rowCache holds the rows of one partition as the last commit of this process left them,
-// so that a batch loads only the sensors it has not seen. It is valid only while the
-// checkpoint is where that commit put it: anything else (a failed transaction, another
-// writer) empties it.
+// and the batches it applied in memory since, so that a batch loads only the sensors it has
+// not seen. It is valid only while the checkpoint is where that commit put it: anything
+// else (a failed transaction, another writer) empties it.
 type rowCache struct {
 	rows map[string]row
 	cp   uint64 // the checkpoint after the commit the rows reflect
+	// applied is the last sequence applied to rows: beyond cp when batches that changed
+	// nothing but liveness were applied in memory only (applyInMemory).
+	applied uint64
 	// table is sensor_state's oid when the rows were loaded: a rebuild swaps another table
 	// in under the same name (see rebuild.go), and the rows cached are then not its rows.
 	table uint32
@@ -37,7 +41,29 @@ func newRowCache(max int) *rowCache {
 
 // clear forgets the rows, and with them the pending liveness: checkpoints.seen_seq says
 // where it is replayed from (recoverSeen).
-func (c *rowCache) clear() { clear(c.rows); clear(c.pending); c.cp, c.stale = 0, true }
+func (c *rowCache) clear() {
+	clear(c.rows)
+	clear(c.pending)
+	c.cp, c.applied, c.stale = 0, 0, true
+}
+
+// ahead says whether rows hold readings beyond the checkpoint, applied in memory only.
+func (c *rowCache) ahead() bool { return c.applied > c.cp }
+
+// errMemoryAhead fails a transaction that finds the partition's rows or checkpoint changed
+// by someone else while this process held readings applied in memory only: they are not in
+// what it would reload, so the worker reads them again from the checkpoint.
+var errMemoryAhead = errors.New("the checkpoint or sensor_state changed under readings applied in memory only; reading again from the checkpoint")
+
+// forget clears the cache when the transaction found it is not the partition's memory any
+// more, or fails with errMemoryAhead when that would lose readings applied in memory only.
+func (c *rowCache) forget() error {
+	if c.ahead() {
+		return errMemoryAhead
+	}
+	c.clear()
+	return nil
+}
 
 // selectRows joins the keys to sensor_state, one index probe each with keyedJoins
 // (sensor_id = ANY($1) would probe every partition for every key).

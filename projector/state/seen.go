@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 )
 
@@ -21,7 +22,13 @@ import (
 // (runPartition wakes up for it). So Postgres does work per change, and the liveness it
 // shows is at most SeenInterval behind the readings the projector has applied.
 //
-// The checkpoint still advances with every batch, in the same transaction as its rows. What
+// A batch whose readings change nothing but liveness, found so from the cached rows, opens
+// no transaction at all (applyInMemory): its rows join the pending ones, and the checkpoint
+// moves past it with the next transaction of the partition, a batch with an event or the
+// write of the pending liveness, due within the same interval. Until then, a crash or a
+// takeover reads these readings again from the checkpoint, and they change nothing again.
+//
+// The checkpoint advances with every transaction, in it, with its rows. What
 // is pending is recorded beside it: checkpoints.seen_seq is the sequence up to which every
 // reading's liveness is in the rows (NULL when nothing is pending). Whoever cannot trust its
 // memory (a restart, a takeover, a failed transaction, another writer) loads the rows and
@@ -80,6 +87,48 @@ func (c *rowCache) committed(b *batch, now time.Time) {
 		}
 		c.pending[id] = struct{}{}
 	}
+}
+
+// applyInMemory applies the batch items (all msgs of it, up to lastSeq) to partition p's
+// cached rows without a transaction, when it can: the pending liveness is not due, every
+// sensor's row is cached and follows on from what memory applied, and no reading derives an
+// event. Its rows are then pending; it returns nil when the batch needs a transaction.
+func (s *Projector) applyInMemory(p int, items []item, msgs int, lastSeq uint64, cache *rowCache) *batch {
+	now := s.clock.Now()
+	if s.cfg.SeenInterval == 0 || cache.stale || len(items) == 0 || len(items) < msgs ||
+		items[0].seq <= max(cache.cp, cache.applied) || cache.seenDue(now, s.cfg.SeenInterval) {
+		return nil
+	}
+	b := &batch{s: s, p: p, cache: cache, inMemory: true, rows: make(map[string]row, len(items))}
+	var evs []event.Event
+	for _, it := range items {
+		id := it.log.SensorID
+		cur, ok := b.rows[id]
+		if !ok {
+			if cur, ok = cache.rows[id]; !ok {
+				return nil // a row to load, or a sensor's first reading
+			}
+		}
+		next, touched, more := step(cur, true, it.log, p, it.seq, evs)
+		if len(more) > 0 {
+			return nil
+		}
+		if touched {
+			b.rows[id] = next
+		}
+		b.applied++
+	}
+	if len(b.rows) == 0 {
+		return nil // nothing pending would bring the checkpoint past these
+	}
+	for id, r := range b.rows {
+		if len(cache.pending) == 0 {
+			cache.pendingSince = now
+		}
+		cache.rows[id], cache.pending[id] = r, struct{}{}
+	}
+	cache.applied = lastSeq
+	return b
 }
 
 // pendingAfter says whether liveness is pending once b commits.

@@ -3,9 +3,11 @@ package state
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // rowsDiffer lists (up to 5) the sensors whose rows are not what the model says, and how
@@ -148,16 +151,12 @@ func TestStateSeenWithinBoundUnderLoad(t *testing.T) {
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			// The rows first, then the checkpoints: a reading the checkpoints cover was
-			// applied by the time they were read, and that time is the sample's.
+			// The rows first, then what the projector has applied (in memory too, beyond
+			// the checkpoints): a reading that covers was applied by the time it was read,
+			// and that time is the sample's.
 			rows := loadStateRows(t, e.pg)
-			cps := map[int]uint64{}
+			cps := e.appliedSeqs(t)
 			at := time.Now()
-			for p := range e.n {
-				var seq int64
-				_ = e.pg.QueryRow(t.Context(), `SELECT coalesce(max(seq), 0) FROM checkpoints WHERE projection = 'state' AND partition = $1`, p).Scan(&seq)
-				cps[p] = uint64(seq)
-			}
 			mu.Lock()
 			history = append(history, sample{at: at, cps: cps, rows: rows})
 			mu.Unlock()
@@ -216,6 +215,161 @@ func TestStateSeenWithinBoundUnderLoad(t *testing.T) {
 	}
 	if w := change + seen; w == 0 || w > 0.4*float64(len(pub.logs)) {
 		t.Errorf("%.0f rows written for %d readings: want far fewer (coalesced)", w, len(pub.logs))
+	}
+	// Most batches change nothing but liveness here: those open no transaction.
+	if v := stateCounterValueOf(t, e, "locks_state_applied_in_memory_total"); v == 0 {
+		t.Error("no reading was applied in memory only")
+	}
+}
+
+// appliedSeqs reads locks_state_applied_seq: the last sequence each partition applied,
+// committed or in memory.
+func (e *stateEnv) appliedSeqs(t *testing.T) map[int]uint64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	out := map[int]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "locks_state_applied_seq" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			p, _ := strconv.Atoi(m.GetLabel()[0].GetValue())
+			out[p] = uint64(m.GetGauge().GetValue())
+		}
+	}
+	return out
+}
+
+// offsetClock is the system clock moved forward by what the test adds.
+type offsetClock struct {
+	mu  sync.Mutex
+	off time.Duration
+}
+
+func (c *offsetClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.off)
+}
+
+func (c *offsetClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.off += d
+}
+
+// Readings that only repeat their sensors' values open no transaction: the checkpoints and
+// the rows stay as they were, with the readings applied in memory, until the pending
+// liveness is due; then one transaction per partition writes the rows and moves the
+// checkpoint past them all. A change among repeats is committed at once, its checkpoint
+// covering the repeats before it.
+func TestStateRepeatsOpenNoTransaction(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 2)
+	e.seen = 5 * time.Second
+	clk := &offsetClock{}
+	e.clock = clk
+	e.runState(t, e.nats.JS, partition.All(e.n))
+	r := rand.New(rand.NewPCG(26, 3))
+	ids := stateSensorIDs(r, 20)
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	reading := func(id string, data uint8, k int) event.Log {
+		tm := at.Add(time.Duration(k) * time.Millisecond)
+		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: data, Time: tm, ReceivedTime: tm,
+			MessageID: id + "-" + strconv.Itoa(k)}
+	}
+	var pub statePublished
+	var first []event.Log
+	for i, id := range ids {
+		first = append(first, reading(id, 0, i))
+	}
+	e.publish(t, e.nats.JS, first, &pub)
+	e.waitCaughtUp(t, &pub, 20*time.Second)
+	transactions := func() uint64 {
+		mfs, err := e.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "locks_state_commit_seconds" {
+				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		return 0
+	}
+	before, rows := transactions(), loadStateRows(t, e.pg)
+	cps := map[int]uint64{}
+	for p, seq := range pub.maxSeq {
+		cps[p] = seq
+	}
+
+	const repeats = 400
+	var more []event.Log
+	for k := range repeats {
+		more = append(more, reading(ids[k%len(ids)], 0, len(ids)+k))
+	}
+	e.publish(t, e.nats.JS, more, &pub)
+	for deadline := time.Now().Add(10 * time.Second); stateCounterValueOf(t, e, "locks_state_applied_in_memory_total") < repeats; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%.0f of %d repeats applied in memory after 10 s", stateCounterValueOf(t, e, "locks_state_applied_in_memory_total"), repeats)
+		}
+	}
+	if got := e.appliedSeqs(t); got[0] != pub.maxSeq[0] || got[1] != pub.maxSeq[1] {
+		t.Errorf("applied up to %v, want the last sequences %v", got, pub.maxSeq)
+	}
+	if n := transactions(); n != before {
+		t.Errorf("%d transactions for readings that only repeat, want none", n-before)
+	}
+	for p, want := range cps {
+		var seq int64
+		if err := e.pg.QueryRow(t.Context(), `SELECT seq FROM checkpoints WHERE projection = 'state' AND partition = $1`, p).Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		if uint64(seq) != want {
+			t.Errorf("partition %d: checkpoint %d while the repeats wait in memory, want %d", p, seq, want)
+		}
+	}
+	if !maps.Equal(loadStateRows(t, e.pg), rows) {
+		t.Error("rows written while the repeats wait in memory")
+	}
+
+	// Due: one transaction per partition writes it all.
+	clk.add(5 * time.Second)
+	e.waitCaughtUp(t, &pub, 5*time.Second)
+	waitRowsExact(t, e, &pub, 5*time.Second)
+	if n := transactions() - before; n != uint64(e.n) {
+		t.Errorf("%d transactions wrote the pending liveness, want one per partition (%d)", n, e.n)
+	}
+
+	// A change among repeats is committed at once, the repeats before it with it.
+	before = transactions()
+	var mixed []event.Log
+	for k := range 50 {
+		mixed = append(mixed, reading(ids[k%len(ids)], 0, len(ids)+repeats+k))
+	}
+	mixed = append(mixed, reading(ids[0], 1, len(ids)+repeats+50))
+	e.publish(t, e.nats.JS, mixed, &pub)
+	p0 := partition.Of(ids[0], e.n)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var seq int64
+		_ = e.pg.QueryRow(t.Context(), `SELECT seq FROM checkpoints WHERE projection = 'state' AND partition = $1`, p0).Scan(&seq)
+		if uint64(seq) == pub.maxSeq[p0] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition %d: checkpoint %d 5 s after a change at %d", p0, seq, pub.maxSeq[p0])
+		}
+	}
+	// The changed row is written; its partition's repeats are still pending liveness.
+	if got, want := loadStateRows(t, e.pg)[ids[0]], *buildStateModel(&pub, e.n).rows[ids[0]]; got != want {
+		t.Errorf("sensor %s after its change: %+v, want %+v", ids[0], got, want)
+	}
+	if transactions() == before {
+		t.Error("the change was not committed in a transaction")
 	}
 }
 
@@ -383,6 +537,40 @@ func TestStateSeenRebuild(t *testing.T) {
 	if n, diff := rowsDiffer(loadStateRows(t, e.pg), m, quiet); n > 0 {
 		t.Errorf("after the rebuild and more readings, %d rows of quiet sensors differ: %v", n, diff)
 	}
+	stop()
+	checkStateAgainstModel(t, e, &pub)
+}
+
+// Readings applied in memory only when NATS restarts are delivered again from the
+// checkpoint and applied again onto Postgres's rows: the checkpoint moves past them, and
+// a clean stop leaves the rows exactly as the log says, with no event derived twice.
+func TestStateRepeatsInMemoryAcrossNATSRestart(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 2)
+	e.seen = time.Minute // never due within the test
+	js := testenv.JetStream(t, e.nats.URL, "state")
+	stop := e.runState(t, js, partition.All(e.n))
+	r := rand.New(rand.NewPCG(26, 4))
+	ids := stateSensorIDs(r, 20)
+	var pub statePublished
+	first := stateRandomReadings(r, ids, len(ids), 0, stateT0)
+	for i := range first {
+		first[i].SensorID = ids[i] // each sensor has its row before the repeats
+	}
+	e.publish(t, e.nats.JS, first, &pub)
+	e.waitCaughtUp(t, &pub, 20*time.Second)
+	repeats := stateRandomReadings(r, ids, 300, 1, stateT0.Add(time.Minute))
+	for i := range repeats {
+		repeats[i].Data = first[slices.Index(ids, repeats[i].SensorID)].Data
+	}
+	e.publish(t, e.nats.JS, repeats, &pub)
+	for deadline := time.Now().Add(10 * time.Second); stateCounterValueOf(t, e, "locks_state_applied_in_memory_total") < 300; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%.0f of 300 repeats applied in memory after 10 s", stateCounterValueOf(t, e, "locks_state_applied_in_memory_total"))
+		}
+	}
+	e.nats.Restart(500 * time.Millisecond)
+	e.waitCaughtUp(t, &pub, 30*time.Second)
 	stop()
 	checkStateAgainstModel(t, e, &pub)
 }

@@ -21,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lock-sensors/lock-sensors/internal/clock"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
 	"github.com/lock-sensors/lock-sensors/internal/event"
 	"github.com/lock-sensors/lock-sensors/internal/lease"
@@ -43,6 +44,7 @@ type stateEnv struct {
 	batch  int                  // Config.BatchSize for runState (0: the default)
 	tracer trace.Tracer         // Deps.Tracer for runState (nil: no tracing)
 	seen   time.Duration        // Config.SeenInterval for runState (0: every reading written)
+	clock  clock.Clock          // Deps.Clock for runState (nil: the system clock)
 }
 
 func newStateEnv(t testing.TB, n int) *stateEnv { return newStateEnvDup(t, n, 0) }
@@ -137,7 +139,7 @@ func (e *stateEnv) runState(t testing.TB, js jetstream.JetStream, parts partitio
 	t.Helper()
 	e.reg = prometheus.NewRegistry()
 	s, err := New(Config{Partitions: parts, PartitionCount: e.n, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond,
-		BatchSize: e.batch, SeenInterval: e.seen}, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer})
+		BatchSize: e.batch, SeenInterval: e.seen}, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(t), Registerer: e.reg, Tracer: e.tracer, Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
