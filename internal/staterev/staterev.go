@@ -13,17 +13,33 @@ import (
 
 // Querier is what Of needs of Postgres (a *pgxpool.Pool or a pgx.Tx is one).
 type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
+// genericPlan makes the statements after it in the same batch (an implicit transaction on a
+// pool) use their connection's generic plan and index scans. Costed afresh at every call,
+// the planner kept choosing a custom plan for the look-up below, whose planning (every
+// partition of sensor_state considered) cost several times its execution; the generic plan
+// is made once per connection and prunes the partitions at run time. Sequential scans are
+// off so that a plan made while the table is nearly empty, and kept, still probes by index.
+const genericPlan = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`
+
 // Of returns the revision in sensor_state of each of ids that has a row (a sensor without
-// one has had no event: revision 0).
+// one has had no event: revision 0). In a transaction, the rest of it keeps generic plans.
 func Of(ctx context.Context, q Querier, ids []string) (map[string]int64, error) {
+	b := &pgx.Batch{}
+	b.Queue(genericPlan)
 	// One index probe per key of the partitioned table: a LATERAL subquery kept apart from
 	// the join (OFFSET 0) is run per key, each pruned to its partition; sensor_id = ANY($1)
 	// would search every partition for every key.
-	rows, err := q.Query(ctx, `SELECT s.sensor_id, s.revision FROM unnest($1::text[]) AS k(sensor_id),
+	b.Queue(`SELECT s.sensor_id, s.revision FROM unnest($1::text[]) AS k(sensor_id),
 		LATERAL (SELECT sensor_id, revision FROM sensor_state WHERE sensor_id = k.sensor_id OFFSET 0) s`, ids)
+	br := q.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("read state revisions: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("read state revisions: %w", err)
 	}
@@ -37,5 +53,5 @@ func Of(ctx context.Context, q Querier, ids []string) (map[string]int64, error) 
 	if err != nil {
 		return nil, fmt.Errorf("read state revisions: %w", err)
 	}
-	return out, nil
+	return out, br.Close()
 }
