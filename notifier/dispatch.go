@@ -37,7 +37,8 @@ func (n *Notifier) dispatch(ctx context.Context) {
 			free = n.gatherSlots(ctx, free)
 		}
 		now := n.clock.Now()
-		cs, err := claim(ctx, n.db, n.ep.capacity(now), min(free, n.cfg.Batch), rand.Int64(), n.lease)
+		limit := min(free, n.cfg.Batch)
+		cs, err := claim(ctx, n.db, n.ep.capacity(now), limit, rand.Int64(), n.lease)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -49,9 +50,12 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		retry.Reset()
 		started := n.start(ctx, &wg, cs, now)
 		busyLoop = started > 0
-		if started > 0 {
-			continue
+		if started > 0 && len(cs) == limit {
+			continue // more may be due
 		}
+		// A claim that found fewer rows than it could take took every row due at its
+		// snapshot: what was committed since has poked wake, so it is not claimed again at
+		// once for nothing.
 		wait := nextDue(ctx, n.db, n.cfg.PollInterval)
 		t := time.NewTimer(max(wait, time.Millisecond))
 		select {
