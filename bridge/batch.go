@@ -95,8 +95,13 @@ func (bt *batcher) run() {
 }
 
 // commit sends one atomic batch and resolves its readings' futures. The messages sent are
-// copies: the batch headers go on them, the items keep theirs for a retry alone.
+// copies: the batch headers go on them, the items keep theirs for a retry alone. A batch
+// too small to be worth it (natsx.MinAtomicBatch) is appended reading by reading.
 func (bt *batcher) commit(batch []*batched) {
+	if len(batch) < natsx.MinAtomicBatch {
+		bt.commitEach(batch)
+		return
+	}
 	msgs := make([]*nats.Msg, len(batch))
 	for i, p := range batch {
 		msgs[i] = &nats.Msg{Subject: p.msg.Subject, Data: p.msg.Data, Header: maps.Clone(p.msg.Header)}
@@ -116,5 +121,37 @@ func (bt *batcher) commit(batch []*batched) {
 	first := ack.Sequence - uint64(len(batch)) + 1
 	for i, p := range batch {
 		p.ok <- &jetstream.PubAck{Stream: ack.Stream, Sequence: first + uint64(i), Domain: ack.Domain}
+	}
+}
+
+// commitEach appends batch's readings one by one, in order, and resolves each future with
+// its own acknowledgement, waiting up to the timeout for them all.
+func (bt *batcher) commitEach(batch []*batched) {
+	timeout := time.NewTimer(bt.timeout)
+	defer timeout.Stop()
+	futs := make([]jetstream.PubAckFuture, len(batch))
+	for i, p := range batch {
+		f, err := bt.js.PublishMsgAsync(p.msg)
+		if err != nil {
+			p.err <- fmt.Errorf("append to READINGS: %w", err)
+			continue
+		}
+		futs[i] = f
+	}
+	for i, f := range futs {
+		if f == nil {
+			continue
+		}
+		select {
+		case a := <-f.Ok():
+			batch[i].ok <- a
+		case err := <-f.Err():
+			batch[i].err <- err
+		case <-timeout.C:
+			for _, p := range batch[i:] {
+				p.err <- fmt.Errorf("append to READINGS: %w", jetstream.ErrAsyncPublishTimeout)
+			}
+			return
+		}
 	}
 }

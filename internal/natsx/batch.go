@@ -13,6 +13,12 @@ import (
 // batch (nats-server's limit is 1,000).
 const MaxAtomicBatch = 256
 
+// MinAtomicBatch is the fewest messages worth an atomic batch. The server stages each atomic
+// batch of a file stream in a store of its own on disk, created with synced writes and
+// removed at the commit, which costs far more than a few single appends; smaller batches are
+// published one by one (a quiet system's readings and events come one or two at a time).
+const MinAtomicBatch = 32
+
 // PublishAtomic sends msgs (at most MaxAtomicBatch) as one atomic batch and waits up to
 // timeout for its commit: the stream stores them all, as one run of sequences ending at the
 // ack's, or none. A server that syncs every write syncs the batch once. msgs' headers get

@@ -282,7 +282,7 @@ func (r *Relay) publish(ctx context.Context, rows []Row) ([]Row, error) {
 	}
 	acked := make([]Row, 0, len(rows))
 	for _, wave := range waves {
-		if r.atomic(ctx, wave[0].Subject) {
+		if len(wave) >= natsx.MinAtomicBatch && r.atomic(ctx, wave[0].Subject) {
 			wave = r.publishBatches(ctx, wave, &acked)
 		}
 		if err := r.publishEach(ctx, wave, &acked); err != nil {
@@ -293,12 +293,13 @@ func (r *Relay) publish(ctx context.Context, rows []Row) ([]Row, error) {
 }
 
 // publishBatches sends wave in atomic batches, appending the rows acknowledged to acked, and
-// returns the rows still to send: those of the first batch that failed (a Nats-Msg-Id
+// returns the rows still to send: a tail too short for a batch, or those of the first batch
+// that failed (a Nats-Msg-Id
 // already in the stream fails its whole batch: a row published again after a crash) and
 // every one after it, for publishEach, whose single publishes JetStream de-duplicates one
 // by one.
 func (r *Relay) publishBatches(ctx context.Context, wave []Row, acked *[]Row) []Row {
-	for len(wave) > 0 {
+	for len(wave) >= natsx.MinAtomicBatch {
 		n := min(len(wave), natsx.MaxAtomicBatch)
 		msgs := make([]*nats.Msg, n)
 		for i, o := range wave[:n] {

@@ -249,7 +249,7 @@ func TestRelayAtomicBatchesOnceInOrder(t *testing.T) {
 	if _, err := f.js.Publish(t.Context(), "at.k3", []byte("k3-000"), jetstream.WithMsgID("k3-000")); err != nil {
 		t.Fatal(err)
 	}
-	const keys, revs = 30, 10
+	const keys, revs = 40, 10 // waves of 40 rows: batches need natsx.MinAtomicBatch
 	for r := range revs {
 		for k := range keys {
 			id := fmt.Sprintf("k%d-%03d", k, r)
