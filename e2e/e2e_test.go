@@ -26,8 +26,10 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// locksBin is the locks binary; binDir, a directory for other binaries the tests build.
-var locksBin, binDir string
+// locksBin is the locks binary the tests run (LOCKS_BENCH_LOCKS_BIN, or this build);
+// toolBin is always this build's, for the load tools a benchmark drives another build with;
+// binDir, a directory for other binaries the tests build.
+var locksBin, toolBin, binDir string
 
 func TestMain(m *testing.M) {
 	// The tests mostly wait on their systems' timers (lost_after, retries, restarts).
@@ -42,7 +44,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build locks:", err)
 		os.Exit(1)
 	}
-	locksBin = bin
+	locksBin, toolBin = bin, bin
 	if binDir, err = os.MkdirTemp("", "locks-e2e"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -33,6 +33,7 @@ type Receiver struct {
 	lost       map[string]int64 // sensor → connection_lost count
 	lostAt     map[string]time.Time
 	latencies  []time.Duration  // state_changed: receipt − occurred_at
+	occurred   []time.Time      // state_changed: occurred_at (the reading's publish), as latencies
 	revision   map[string]int64 // sensor → highest revision received
 	outOfOrder int64
 }
@@ -115,6 +116,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	case "sensor.state_changed":
 		r.latencies = append(r.latencies, now.Sub(p.OccurredAt))
+		r.occurred = append(r.occurred, p.OccurredAt)
 	}
 }
 
@@ -153,13 +155,35 @@ func (r *Receiver) Tally() Tally {
 	for k, v := range r.lost {
 		t.Lost[k] = v
 	}
-	if n := len(r.latencies); n > 0 {
-		l := slices.Clone(r.latencies)
-		slices.Sort(l)
-		q := func(p float64) time.Duration { return l[int(p*float64(n-1))] }
-		t.P50, t.P95, t.P99 = q(0.5), q(0.95), q(0.99)
-	}
+	t.P50, t.P95, t.P99 = quantiles(slices.Clone(r.latencies))
 	return t
+}
+
+// quantiles returns the p50, p95 and p99 of l (sorting it); zeros when it is empty.
+func quantiles(l []time.Duration) (p50, p95, p99 time.Duration) {
+	n := len(l)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(l)
+	q := func(p float64) time.Duration { return l[int(p*float64(n-1))] }
+	return q(0.5), q(0.95), q(0.99)
+}
+
+// QuantilesAfter returns the p50, p95 and p99 of publish → receipt of the state_changed
+// webhooks whose readings were published at or after t, and how many there are: a run's
+// steady state, without the first seconds of a system just started.
+func (r *Receiver) QuantilesAfter(t time.Time) (p50, p95, p99 time.Duration, n int) {
+	r.mu.Lock()
+	var l []time.Duration
+	for i, at := range r.occurred {
+		if !at.Before(t) {
+			l = append(l, r.latencies[i])
+		}
+	}
+	r.mu.Unlock()
+	p50, p95, p99 = quantiles(l)
+	return p50, p95, p99, len(l)
 }
 
 // Latencies returns the publish → receipt latencies of the state_changed webhooks received
