@@ -48,11 +48,11 @@ const SeenIntervalMax = time.Minute
 // checkpoints were changed by something else than the projector.
 var errSeenReplay = errors.New("replaying deferred liveness derived an event: sensor_state does not match its checkpoint")
 
-// seenFlushAge is how long the oldest pending liveness waits before it is written: a fifth
-// short of the interval, so that the batch or the idle wake-up that writes it, and its
-// commit, fit in the interval the API states (a batch decides at its start: one longer than
-// that fifth makes the write late by about its length).
-func seenFlushAge(interval time.Duration) time.Duration { return interval - interval/5 }
+// seenFlushAge is how long the oldest pending liveness waits before it is written: half the
+// interval, so that the batch or the idle wake-up that writes it, and its commit, fit in the
+// interval the API states even on a busy machine (a batch decides at its start, and a
+// reading applied in memory counts as applied from then on).
+func seenFlushAge(interval time.Duration) time.Duration { return interval / 2 }
 
 // seenDue says whether the pending liveness is to be written at now.
 func (c *rowCache) seenDue(now time.Time, interval time.Duration) bool {

@@ -270,7 +270,7 @@ func (c *offsetClock) add(d time.Duration) {
 func TestStateRepeatsOpenNoTransaction(t *testing.T) {
 	t.Parallel()
 	e := newStateEnv(t, 2)
-	e.seen = 5 * time.Second
+	e.seen = 20 * time.Second // not due on its own while the test looks
 	clk := &offsetClock{}
 	e.clock = clk
 	e.runState(t, e.nats.JS, partition.All(e.n))
@@ -338,7 +338,7 @@ func TestStateRepeatsOpenNoTransaction(t *testing.T) {
 	}
 
 	// Due: one transaction per partition writes it all.
-	clk.add(5 * time.Second)
+	clk.add(e.seen)
 	e.waitCaughtUp(t, &pub, 5*time.Second)
 	waitRowsExact(t, e, &pub, 5*time.Second)
 	if n := transactions() - before; n != uint64(e.n) {
