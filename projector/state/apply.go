@@ -154,6 +154,9 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 	for _, e := range b.evs {
 		s.m.events.WithLabelValues(e.Type).Inc()
 	}
+	if len(b.evs) > 0 && s.relay != nil {
+		s.nudge(p) // its outbox rows are committed
+	}
 	return nil
 }
 

@@ -84,7 +84,6 @@ func (s *Projector) runPartition(ctx context.Context, p int, epoch int64) error 
 		err = s.applyBatch(actx, p, w.epoch, msgs, w.cache)
 		if err == nil {
 			crashpoint.Hit(CrashAfterCommit)
-			s.nudge(p)
 			// AckAll: the last message acks the batch, and the run holds no gap. Not waited
 			// for: the server takes it before this connection's next pull, and a lost one
 			// (NATS restarting) only comes back as a redelivery, which makes the reader resume
