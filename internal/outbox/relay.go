@@ -169,6 +169,18 @@ func (r *Relay) Run(ctx context.Context) error {
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// deleteRelayed deletes the rows of ids (relayed, or found already in the stream) without
+// waiting for the commit's WAL flush: a delete that a crash of Postgres loses only leaves
+// its rows to be published again, which JetStream's de-duplication (or Check, past its
+// window) drops. In a transaction, the rest of it commits so too.
+func deleteRelayed(ctx context.Context, q querier, sql string, ids []int64) error {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	b.Queue(sql, ids)
+	return q.SendBatch(ctx, b).Close()
 }
 
 // Round relays up to Batch rows once and returns how many it read; suspect runs Check on
@@ -235,7 +247,7 @@ func (r *Relay) round(ctx context.Context, q querier, suspect, ownDelete bool) (
 			dctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 		}
-		if _, err := q.Exec(dctx, r.cfg.Table.Delete, ids); err != nil {
+		if err := deleteRelayed(dctx, q, r.cfg.Table.Delete, ids); err != nil {
 			return 0, fmt.Errorf("delete relayed rows: %w", err)
 		}
 		r.relayed.Add(float64(len(acked)))

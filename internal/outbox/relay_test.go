@@ -276,3 +276,33 @@ func TestRelayAtomicBatchesOnceInOrder(t *testing.T) {
 		t.Fatalf("%v batches, %v refused: want batches, and the one holding k3-000 refused", b, bf)
 	}
 }
+
+// The delete of relayed rows does not wait for its WAL flush, and that setting ends with it:
+// the pooled connection it used commits as before afterwards.
+func TestDeleteRelayedKeepsItsCommitSettingToItself(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // every call on the same connection
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE d (id bigint PRIMARY KEY); INSERT INTO d VALUES (1), (2), (3)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := deleteRelayed(t.Context(), pool, `DELETE FROM d WHERE id = ANY($1)`, []int64{1, 3}); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	var sc string
+	if err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM d), current_setting('synchronous_commit')`).Scan(&left, &sc); err != nil {
+		t.Fatal(err)
+	}
+	if left != 1 || sc != "on" {
+		t.Fatalf("%d rows left, synchronous_commit %s after the delete; want 1 and on", left, sc)
+	}
+}
