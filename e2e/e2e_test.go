@@ -31,7 +31,7 @@ var locksBin, binDir string
 
 func TestMain(m *testing.M) {
 	// The tests mostly wait on their systems' timers (lost_after, retries, restarts).
-	testenv.Parallel(3) // parses the flags
+	testenv.Parallel(5) // parses the flags
 	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
 	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
 	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
@@ -54,6 +54,44 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(binDir)
 	os.Exit(code)
+}
+
+// latencyTests is the number of tests that call quiet.
+const latencyTests = 4
+
+// load keeps the tests that check a latency (lost_after, last_seen's bound, a load run's
+// verdict) apart from the kill test's load, which would starve them on a small machine; the
+// other tests run beside it. The kill test takes it in its sequential part, before any
+// parallel test has started, and gives it back once its load is recorded.
+var load sync.RWMutex
+
+// loadGated says whether the kill test runs beside the others: only with a parallel slot
+// more than the latency tests, which could otherwise hold every slot waiting for it.
+func loadGated() bool {
+	return flag.Lookup("test.parallel").Value.(flag.Getter).Get().(int) > latencyTests
+}
+
+// heavy is called first by the kill test: it keeps the latency tests waiting until done is
+// called or t ends, and lets t run beside the others.
+func heavy(t *testing.T) (done func()) {
+	if !loadGated() {
+		return func() {}
+	}
+	load.Lock()
+	done = sync.OnceFunc(load.Unlock)
+	t.Cleanup(done)
+	t.Parallel()
+	return done
+}
+
+// quiet is called by a latency test after t.Parallel: it waits until no heavy load runs and
+// keeps one from starting until t ends.
+func quiet(t testing.TB) {
+	if !loadGated() {
+		return
+	}
+	load.RLock()
+	t.Cleanup(load.RUnlock)
 }
 
 // system is one `locks run --targets=all` process on private databases and queues.
@@ -312,6 +350,7 @@ func verify(t *testing.T, secret string, h webhook) {
 // invalid input to the invalid queue.
 func TestReadingsToWebhooks(t *testing.T) {
 	t.Parallel()
+	quiet(t)
 	const lostAfter = 3 * time.Second
 	s := start(t, "LOCKS_LOST_AFTER="+lostAfter.String(), "LOCKS_RETRY_SCHEDULE=200ms,400ms")
 	rcv := newReceiver(t)

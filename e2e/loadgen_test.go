@@ -33,6 +33,7 @@ func TestLoadgenBooksBalance(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			quiet(t)
 			s := start(t, "LOCKS_LOST_AFTER=3s")
 			cmd := exec.Command(locksBin, append([]string{"loadgen"}, tc.args...)...)
 			cmd.Env = append(os.Environ(),

@@ -13,6 +13,7 @@ import (
 // silent beside it is declared lost, so the run could have declared the other one too.
 func TestRepeatingSensorStaysSeen(t *testing.T) {
 	t.Parallel()
+	quiet(t)
 	const (
 		lostAfter = 3 * time.Second
 		bound     = 2 * time.Second
