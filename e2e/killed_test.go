@@ -35,7 +35,10 @@ func TestKilledUnderLoadLosesNothing(t *testing.T) {
 		rate    = 1500
 		load    = 24 * time.Second
 	)
-	s := start(t)
+	// An attempt in flight at a kill stays leased for the webhook timeout plus a margin after
+	// the process is gone; the local receiver answers in milliseconds, so a short timeout
+	// brings those attempts back sooner.
+	s := start(t, "LOCKS_WEBHOOK_TIMEOUT=2s")
 	rcv, err := loadgen.NewReceiver("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
