@@ -30,6 +30,9 @@ import (
 
 const historyPartitions = 4
 
+// The tests mostly wait: on ClickHouse's inserts, a cut link, a NATS restart.
+func TestMain(m *testing.M) { testenv.Main(m, 4) }
+
 // historyEnv is a READINGS/EVENTS/DELIVERIES log and a ClickHouse database.
 type historyEnv struct {
 	nats  *testenv.NATSEnv
