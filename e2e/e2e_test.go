@@ -84,8 +84,8 @@ func heavy(t *testing.T) (done func()) {
 	return done
 }
 
-// quiet is called by a latency test after t.Parallel: it waits until no heavy load runs and
-// keeps one from starting until t ends.
+// quiet is called by a latency test once its system has started: it waits until no heavy
+// load runs and keeps one from starting until t ends.
 func quiet(t testing.TB) {
 	if !loadGated() {
 		return
@@ -350,9 +350,9 @@ func verify(t *testing.T, secret string, h webhook) {
 // invalid input to the invalid queue.
 func TestReadingsToWebhooks(t *testing.T) {
 	t.Parallel()
-	quiet(t)
 	const lostAfter = 3 * time.Second
 	s := start(t, "LOCKS_LOST_AFTER="+lostAfter.String(), "LOCKS_RETRY_SCHEDULE=200ms,400ms")
+	quiet(t)
 	rcv := newReceiver(t)
 
 	var client struct {

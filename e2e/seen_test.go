@@ -13,7 +13,6 @@ import (
 // silent beside it is declared lost, so the run could have declared the other one too.
 func TestRepeatingSensorStaysSeen(t *testing.T) {
 	t.Parallel()
-	quiet(t)
 	const (
 		lostAfter = 3 * time.Second
 		bound     = 2 * time.Second
@@ -21,6 +20,7 @@ func TestRepeatingSensorStaysSeen(t *testing.T) {
 		slack = 1500 * time.Millisecond
 	)
 	s := start(t, "LOCKS_LOST_AFTER="+lostAfter.String(), "LOCKS_STATE_SEEN_INTERVAL="+bound.String())
+	quiet(t)
 	rcv := newReceiver(t)
 	var client struct {
 		ID string `json:"id"`
