@@ -56,14 +56,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// latencyTests is the number of tests that call quiet.
+// latencyTests is the number of tests that call quiet (one more caller: raise it).
 const latencyTests = 4
 
-// load keeps the tests that check a latency (lost_after, last_seen's bound, a load run's
+// heavyLoad keeps the tests that check a latency (lost_after, last_seen's bound, a load run's
 // verdict) apart from the kill test's load, which would starve them on a small machine; the
 // other tests run beside it. The kill test takes it in its sequential part, before any
 // parallel test has started, and gives it back once its load is recorded.
-var load sync.RWMutex
+var heavyLoad sync.RWMutex
 
 // loadGated says whether the kill test runs beside the others: only with a parallel slot
 // more than the latency tests, which could otherwise hold every slot waiting for it.
@@ -77,8 +77,8 @@ func heavy(t *testing.T) (done func()) {
 	if !loadGated() {
 		return func() {}
 	}
-	load.Lock()
-	done = sync.OnceFunc(load.Unlock)
+	heavyLoad.Lock()
+	done = sync.OnceFunc(heavyLoad.Unlock)
 	t.Cleanup(done)
 	t.Parallel()
 	return done
@@ -90,8 +90,8 @@ func quiet(t testing.TB) {
 	if !loadGated() {
 		return
 	}
-	load.RLock()
-	t.Cleanup(load.RUnlock)
+	heavyLoad.RLock()
+	t.Cleanup(heavyLoad.RUnlock)
 }
 
 // system is one `locks run --targets=all` process on private databases and queues.
