@@ -94,6 +94,19 @@ func quiet(t testing.TB) {
 	t.Cleanup(heavyLoad.RUnlock)
 }
 
+// loadRuns lets one load run at a time beside the other latency tests: two would starve them.
+var loadRuns = make(chan struct{}, 1)
+
+// oneLoadRun is called by a latency test that runs a load, after quiet: it waits until no
+// other such test runs, and keeps one from starting until t ends.
+func oneLoadRun(t testing.TB) {
+	if !loadGated() {
+		return
+	}
+	loadRuns <- struct{}{}
+	t.Cleanup(func() { <-loadRuns })
+}
+
 // system is one `locks run --targets=all` process on private databases and queues.
 type system struct {
 	t      testing.TB
