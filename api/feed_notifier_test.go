@@ -65,9 +65,11 @@ func TestFeedEqualsReceiver(t *testing.T) {
 	if err := natsx.Declare(t.Context(), ne.JS, natsx.StreamsConfig{Partitions: feedPartitions, LostAfter: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
+	// The circuit never opens: the feed is tested, and an open circuit only spaces out the
+	// attempts that make the first deliveries die.
 	n, err := notifier.New(notifier.Config{PartitionCount: feedPartitions, RetrySchedule: []time.Duration{50 * time.Millisecond, 50 * time.Millisecond},
 		WebhookTimeout: 2 * time.Second, WebhookAllowPrivate: true, PollInterval: 50 * time.Millisecond,
-		BreakerCooldown: 50 * time.Millisecond, BreakerMaxCooldown: 100 * time.Millisecond},
+		BreakerCooldown: 50 * time.Millisecond, BreakerMaxCooldown: 100 * time.Millisecond, BreakerThreshold: 1000},
 		notifier.Deps{JS: ne.JS, PG: f.db, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

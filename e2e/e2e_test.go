@@ -33,7 +33,7 @@ var locksBin, toolBin, binDir string
 
 func TestMain(m *testing.M) {
 	// The tests mostly wait on their systems' timers (lost_after, retries, restarts).
-	testenv.Parallel(3) // parses the flags
+	testenv.Parallel(5) // parses the flags
 	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
 	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
 	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
@@ -56,6 +56,57 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(binDir)
 	os.Exit(code)
+}
+
+// latencyTests is the number of tests that call quiet (one more caller: raise it).
+const latencyTests = 4
+
+// heavyLoad keeps the tests that check a latency (lost_after, last_seen's bound, a load run's
+// verdict) apart from the kill test's load, which would starve them on a small machine; the
+// other tests run beside it. The kill test takes it in its sequential part, before any
+// parallel test has started, and gives it back once its load is recorded.
+var heavyLoad sync.RWMutex
+
+// loadGated says whether the kill test runs beside the others: only with a parallel slot
+// more than the latency tests, which could otherwise hold every slot waiting for it.
+func loadGated() bool {
+	return flag.Lookup("test.parallel").Value.(flag.Getter).Get().(int) > latencyTests
+}
+
+// heavy is called first by the kill test: it keeps the latency tests waiting until done is
+// called or t ends, and lets t run beside the others.
+func heavy(t *testing.T) (done func()) {
+	if !loadGated() {
+		return func() {}
+	}
+	heavyLoad.Lock()
+	done = sync.OnceFunc(heavyLoad.Unlock)
+	t.Cleanup(done)
+	t.Parallel()
+	return done
+}
+
+// quiet is called by a latency test once its system has started: it waits until no heavy
+// load runs and keeps one from starting until t ends.
+func quiet(t testing.TB) {
+	if !loadGated() {
+		return
+	}
+	heavyLoad.RLock()
+	t.Cleanup(heavyLoad.RUnlock)
+}
+
+// loadRuns lets one load run at a time beside the other latency tests: two would starve them.
+var loadRuns = make(chan struct{}, 1)
+
+// oneLoadRun is called by a latency test that runs a load, after quiet: it waits until no
+// other such test runs, and keeps one from starting until t ends.
+func oneLoadRun(t testing.TB) {
+	if !loadGated() {
+		return
+	}
+	loadRuns <- struct{}{}
+	t.Cleanup(func() { <-loadRuns })
 }
 
 // system is one `locks run --targets=all` process on private databases and queues.
@@ -316,6 +367,7 @@ func TestReadingsToWebhooks(t *testing.T) {
 	t.Parallel()
 	const lostAfter = 3 * time.Second
 	s := start(t, "LOCKS_LOST_AFTER="+lostAfter.String(), "LOCKS_RETRY_SCHEDULE=200ms,400ms")
+	quiet(t)
 	rcv := newReceiver(t)
 
 	var client struct {

@@ -34,6 +34,8 @@ func TestLoadgenBooksBalance(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := start(t, "LOCKS_LOST_AFTER=3s")
+			quiet(t)
+			oneLoadRun(t)
 			cmd := exec.Command(locksBin, append([]string{"loadgen"}, tc.args...)...)
 			cmd.Env = append(os.Environ(),
 				"LOCKS_AMQP_URL="+s.rabbit.URL, "LOCKS_AMQP_QUEUE="+s.rabbit.Queue,

@@ -20,6 +20,7 @@ func TestRepeatingSensorStaysSeen(t *testing.T) {
 		slack = 1500 * time.Millisecond
 	)
 	s := start(t, "LOCKS_LOST_AFTER="+lostAfter.String(), "LOCKS_STATE_SEEN_INTERVAL="+bound.String())
+	quiet(t)
 	rcv := newReceiver(t)
 	var client struct {
 		ID string `json:"id"`

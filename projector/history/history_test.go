@@ -30,6 +30,9 @@ import (
 
 const historyPartitions = 4
 
+// The tests mostly wait: on ClickHouse's inserts, a cut link, a NATS restart.
+func TestMain(m *testing.M) { testenv.Main(m, 4) }
+
 // historyEnv is a READINGS/EVENTS/DELIVERIES log and a ClickHouse database.
 type historyEnv struct {
 	nats  *testenv.NATSEnv
@@ -358,7 +361,9 @@ func TestHistoryClickHouseOutage(t *testing.T) {
 	base := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 	first := historyReadings(50, 20_000, base, 0)
 	historyPublish(t, e.nats.JS, first)
-	h, stop := runHistory(t, historyTestConfig(), e.nats.JS, viaProxy)
+	cfg := historyTestConfig()
+	cfg.AckWait = 1500 * time.Millisecond
+	h, stop := runHistory(t, cfg, e.nats.JS, viaProxy)
 	historyWaitRows(t, e.ch, 20_000, 30*time.Second)
 
 	proxy.Cut()
@@ -366,9 +371,9 @@ func TestHistoryClickHouseOutage(t *testing.T) {
 	second := historyReadings(50, 30_000, base, 20_000)
 	historyPublish(t, e.nats.JS, second)
 	// While the link is down nothing new can be written, the writer keeps failing, and the
-	// lag shows it; the held messages outlive several AckWaits (3 s) without being lost.
+	// lag shows it; the held messages outlive five AckWaits without being lost.
 	lagSeen := 0.0
-	for pubDone := time.Now(); time.Since(pubDone) < 12*time.Second; {
+	for pubDone := time.Now(); time.Since(pubDone) < 5*cfg.AckWait; {
 		time.Sleep(500 * time.Millisecond)
 		lagSeen = max(lagSeen, historyGauge(h.m.lag.WithLabelValues("readings")))
 	}
