@@ -147,7 +147,7 @@ func (s *Projector) applyBatch(ctx context.Context, p int, epoch int64, msgs []j
 	if !b.behind {
 		s.m.appliedSeq.WithLabelValues(strconv.Itoa(p)).Set(float64(lastSeq))
 	}
-	s.m.applied.Add(float64(b.applied))
+	s.m.applied.Add(float64(cache.count(items, b)))
 	if b.skipped > 0 {
 		s.m.skipped.WithLabelValues("already_applied").Add(float64(b.skipped))
 	}

@@ -166,6 +166,9 @@ func (w *partitionWorker) resume(ctx context.Context) (uint64, error) {
 		return 0, err
 	}
 	// The batches' transactions hold the checkpoint to this stream.
+	if w.cache.stream != pos.id {
+		w.cache.counted = 0 // another stream numbers its readings afresh
+	}
 	w.cache.stream = pos.id
 	w.log.Debug("READINGS consumer starts after the checkpoint", "checkpoint", ck.seq)
 	return ck.seq + 1, nil

@@ -18,6 +18,10 @@ type rowCache struct {
 	// applied is the last sequence applied to rows: beyond cp when batches that changed
 	// nothing but liveness were applied in memory only (applyInMemory).
 	applied uint64
+	// counted is the last sequence counted in locks_state_applied_total. Unlike the rest it
+	// outlives clear: readings applied in memory and delivered again after the reader
+	// resumed from the checkpoint are applied again, but were counted once.
+	counted uint64
 	// table is sensor_state's oid when the rows were loaded: a rebuild swaps another table
 	// in under the same name (see rebuild.go), and the rows cached are then not its rows.
 	table uint32

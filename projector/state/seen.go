@@ -131,6 +131,22 @@ func (s *Projector) applyInMemory(p int, items []item, msgs int, lastSeq uint64,
 	return b
 }
 
+// count returns how many of items b applied for the first time in this process (counted
+// in locks_state_applied_total), and records them counted.
+func (c *rowCache) count(items []item, b *batch) int {
+	from := max(c.counted, b.cp) // b.cp: those at or below it were skipped
+	n := 0
+	for _, it := range items {
+		if it.seq > from {
+			n++
+		}
+	}
+	if len(items) > 0 && !b.behind {
+		c.counted = max(c.counted, items[len(items)-1].seq)
+	}
+	return n
+}
+
 // pendingAfter says whether liveness is pending once b commits.
 func (b *batch) pendingAfter() bool {
 	if len(b.deferred) > 0 {

@@ -573,4 +573,8 @@ func TestStateRepeatsInMemoryAcrossNATSRestart(t *testing.T) {
 	e.waitCaughtUp(t, &pub, 30*time.Second)
 	stop()
 	checkStateAgainstModel(t, e, &pub)
+	// Applied again, counted once.
+	if v := stateCounterValueOf(t, e, "locks_state_applied_total"); v != float64(len(pub.logs)) {
+		t.Errorf("locks_state_applied_total %.0f, want %d: the readings applied again after the restart counted twice", v, len(pub.logs))
+	}
 }
