@@ -95,7 +95,10 @@ func (r *Reader) pull(ctx context.Context, n int, wait time.Duration) (msgs []je
 	// means a consumer without a leader (or an answer lost): read again from a new one.
 	unanswered = err == nil && len(msgs) == 0 && time.Since(asked) >= noWaitUnanswered
 	if err == nil && len(msgs) == 0 && wait > 0 && !unanswered {
-		fctx, cancel := context.WithTimeout(ctx, wait)
+		// nats.go ends the server's side of the pull at nine tenths of the context's time:
+		// the context gets a ninth more than wait, so that the server waits for wait and
+		// what it sends at the end still arrives before the pull is given up.
+		fctx, cancel := context.WithTimeout(ctx, wait+wait/9)
 		msgs, err = Drain(r.cons.Fetch(1, jetstream.FetchContext(fctx)))
 		cancel()
 		if md, merr := firstMeta(msgs); err == nil && merr == nil && md.NumPending > 0 && n > 1 {

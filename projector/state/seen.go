@@ -60,13 +60,19 @@ func (c *rowCache) seenDue(now time.Time, interval time.Duration) bool {
 }
 
 // seenWait is how long an idle partition may wait for a message before its pending
-// liveness is due: at most idle.
+// liveness is due: at most idle, and at least seenWaitMin.
 func (c *rowCache) seenWait(now time.Time, interval, idle time.Duration) time.Duration {
 	if len(c.pending) == 0 {
 		return idle
 	}
-	return min(idle, max(c.pendingSince.Add(seenFlushAge(interval)).Sub(now), time.Millisecond))
+	return min(idle, max(c.pendingSince.Add(seenFlushAge(interval)).Sub(now), seenWaitMin))
 }
+
+// seenWaitMin is the shortest wait for a message: the write of due liveness may come that
+// much later, well within the half interval it has. A wait of a few milliseconds, as the due
+// time neared, ended pulls just as a message arrived at a busy partition, which then lost
+// it to the expired pull and read again from the checkpoint.
+const seenWaitMin = 100 * time.Millisecond
 
 // committed records in the cache what b committed at now: its rows, and which rows' liveness
 // is pending after it.
