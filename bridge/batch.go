@@ -34,7 +34,11 @@ func (p *batched) Err() <-chan error            { return p.err }
 // appends a second (BenchmarkBareJetStreamSyncAlways measures both; BENCHMARKS.md has the
 // figures). A batch is whatever readings wait when the previous one is committed, up to
 // natsx.MaxAtomicBatch, so nothing waits for a batch to fill: a quiet bridge sends batches
-// of one.
+// of one. Unlike the outbox relays it keeps atomic batches below natsx.MinAtomicBatch, for
+// all their cost: a batch in flight when a bridge dies is then stored whole or not at all,
+// while single appends would leave some of it stored, and the next session, which recognises
+// appended readings from what READINGS holds when their redeliveries come (identity.go),
+// could read that before the server has stored the last of them and record them twice.
 //
 // A batch is stored whole or not at all. One that fails (a Nats-Msg-Id already in the
 // stream fails the whole batch, as does a timeout or a NATS restart) fails each of its
@@ -95,13 +99,8 @@ func (bt *batcher) run() {
 }
 
 // commit sends one atomic batch and resolves its readings' futures. The messages sent are
-// copies: the batch headers go on them, the items keep theirs for a retry alone. A batch
-// too small to be worth it (natsx.MinAtomicBatch) is appended reading by reading.
+// copies: the batch headers go on them, the items keep theirs for a retry alone.
 func (bt *batcher) commit(batch []*batched) {
-	if len(batch) < natsx.MinAtomicBatch {
-		bt.commitEach(batch)
-		return
-	}
 	msgs := make([]*nats.Msg, len(batch))
 	for i, p := range batch {
 		msgs[i] = &nats.Msg{Subject: p.msg.Subject, Data: p.msg.Data, Header: maps.Clone(p.msg.Header)}
@@ -121,37 +120,5 @@ func (bt *batcher) commit(batch []*batched) {
 	first := ack.Sequence - uint64(len(batch)) + 1
 	for i, p := range batch {
 		p.ok <- &jetstream.PubAck{Stream: ack.Stream, Sequence: first + uint64(i), Domain: ack.Domain}
-	}
-}
-
-// commitEach appends batch's readings one by one, in order, and resolves each future with
-// its own acknowledgement, waiting up to the timeout for them all.
-func (bt *batcher) commitEach(batch []*batched) {
-	timeout := time.NewTimer(bt.timeout)
-	defer timeout.Stop()
-	futs := make([]jetstream.PubAckFuture, len(batch))
-	for i, p := range batch {
-		f, err := bt.js.PublishMsgAsync(p.msg)
-		if err != nil {
-			p.err <- fmt.Errorf("append to READINGS: %w", err)
-			continue
-		}
-		futs[i] = f
-	}
-	for i, f := range futs {
-		if f == nil {
-			continue
-		}
-		select {
-		case a := <-f.Ok():
-			batch[i].ok <- a
-		case err := <-f.Err():
-			batch[i].err <- err
-		case <-timeout.C:
-			for _, p := range batch[i:] {
-				p.err <- fmt.Errorf("append to READINGS: %w", jetstream.ErrAsyncPublishTimeout)
-			}
-			return
-		}
 	}
 }

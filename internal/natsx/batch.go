@@ -13,10 +13,11 @@ import (
 // batch (nats-server's limit is 1,000).
 const MaxAtomicBatch = 256
 
-// MinAtomicBatch is the fewest messages worth an atomic batch. The server stages each atomic
-// batch of a file stream in a store of its own on disk, created with synced writes and
-// removed at the commit, which costs far more than a few single appends; smaller batches are
-// published one by one (a quiet system's readings and events come one or two at a time).
+// MinAtomicBatch is the fewest messages worth an atomic batch to the outbox relays. The
+// server stages each atomic batch of a file stream in a store of its own on disk, created
+// with synced writes and removed at the commit, which costs far more than a few single
+// appends; smaller batches are published one by one (a quiet system's events come one or two
+// at a time). The bridge keeps atomic batches of any size (bridge/batch.go says why).
 const MinAtomicBatch = 32
 
 // PublishAtomic sends msgs (at most MaxAtomicBatch) as one atomic batch and waits up to
