@@ -281,16 +281,7 @@ func TestRelayAtomicBatchesOnceInOrder(t *testing.T) {
 // the pooled connection it used commits as before afterwards.
 func TestDeleteRelayedKeepsItsCommitSettingToItself(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // every call on the same connection
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.PostgresOneConn(t) // every call on the same connection
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE d (id bigint PRIMARY KEY); INSERT INTO d VALUES (1), (2), (3)`); err != nil {
 		t.Fatal(err)
 	}

@@ -4,25 +4,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // Of reads each sensor's revision with a generic plan (pg_prepared_statements counts
 // them), and the settings that ask for it end with its batch: the pooled connection it used plans the next statement as before.
 func TestOfKeepsItsPlanSettingsToItself(t *testing.T) {
-	u := testenv.PostgresURL(t)
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // every call on the same connection
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.PostgresOneConn(t) // every call on the same connection
 	now := time.Now()
 	for i, id := range []string{"a", "b"} {
 		if _, err := pool.Exec(t.Context(), `INSERT INTO sensor_state (sensor_id, partition, data, last_seen, last_reading_time, changed_at, revision, connection, last_seq)

@@ -270,6 +270,24 @@ func Postgres(t testing.TB) (string, *pgxpool.Pool) {
 	return u, pool
 }
 
+// PostgresOneConn is a pool of a single connection on a database of the test's own (as
+// PostgresURL), closed at the end of the test: every call runs on the same connection, for
+// tests of what a statement leaves on it.
+func PostgresOneConn(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // RabbitEnv is a RabbitMQ server with queue names private to one test.
 type RabbitEnv struct {
 	URL          string
