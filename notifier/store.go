@@ -65,17 +65,13 @@ const newerExists = `EXISTS (SELECT 1 FROM notifier_deliveries o
 // go out after those f queues, in the transaction's first round trip, and leave it with
 // generic plans and sequential scans off.
 func insertDeliveries(ctx context.Context, tx *pgtx.Tx, f fence, evs []event.Event, payloads [][]byte, tps []string) (ins inserted, recs []event.Attempt, late int, err error) {
-	// Generic plans for these statements, with sequential scans off as for finish's: they
-	// probe key by key (LATERAL subqueries kept apart with OFFSET 0), a plan that does not
-	// depend on the arguments, but the planner, costing each call afresh, planned the INSERT
-	// and supersede's look-up anew for every batch, which cost more than executing them.
-	// Sequential scans off, so that a plan made while the tables are nearly empty, and kept,
-	// still probes by index.
+	// Generic plans for these statements (pgtx.GenericPlans): they probe key by key (LATERAL
+	// subqueries kept apart with OFFSET 0), a plan that does not depend on the arguments.
 	b := &pgx.Batch{}
 	if f.queue != nil {
 		f.queue(b)
 	}
-	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
+	b.Queue(pgtx.GenericPlans)
 	queueInsert(b, evs, payloads, tps)
 	if err := tx.Send(ctx, b, func(br pgx.BatchResults) error {
 		ins, recs, err = readInsert(br, f)

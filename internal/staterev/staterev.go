@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/lock-sensors/lock-sensors/internal/pgtx"
 )
 
 // Querier is what Of needs of Postgres (a *pgxpool.Pool or a pgx.Tx is one).
@@ -16,19 +18,11 @@ type Querier interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// genericPlan makes the statements after it in the same batch (an implicit transaction on a
-// pool) use their connection's generic plan and index scans. Costed afresh at every call,
-// the planner kept choosing a custom plan for the look-up below, whose planning (every
-// partition of sensor_state considered) cost several times its execution; the generic plan
-// is made once per connection and prunes the partitions at run time. Sequential scans are
-// off so that a plan made while the table is nearly empty, and kept, still probes by index.
-const genericPlan = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`
-
 // Of returns the revision in sensor_state of each of ids that has a row (a sensor without
 // one has had no event: revision 0). In a transaction, the rest of it keeps generic plans.
 func Of(ctx context.Context, q Querier, ids []string) (map[string]int64, error) {
 	b := &pgx.Batch{}
-	b.Queue(genericPlan)
+	b.Queue(pgtx.GenericPlans)
 	// One index probe per key of the partitioned table: a LATERAL subquery kept apart from
 	// the join (OFFSET 0) is run per key, each pruned to its partition; sensor_id = ANY($1)
 	// would search every partition for every key.

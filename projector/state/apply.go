@@ -234,6 +234,7 @@ func (b *batch) lockAndLoad(ctx context.Context) error {
 	q := &pgx.Batch{}
 	// The batch's reads and writes join its sensors to the partitioned sensor_state.
 	q.Queue(keyedJoins)
+	q.Queue(pgtx.GenericPlans)
 	// Then the fence, so that a claim by another process waits for this transaction or fences it.
 	lease.QueueCheck(q, Name, b.p)
 	q.Queue(`INSERT INTO checkpoints (projection, partition, seq) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, Name, b.p)
@@ -243,8 +244,10 @@ func (b *batch) lockAndLoad(ctx context.Context) error {
 	q.Queue(`SELECT oid FROM pg_class WHERE relname = 'sensor_state' AND relnamespace = current_schema()::regnamespace`)
 	q.Queue(selectRows, b.missing)
 	err := b.tx.Send(ctx, q, func(br pgx.BatchResults) error {
-		if _, err := br.Exec(); err != nil { // keyedJoins
-			return err
+		for range 2 { // keyedJoins, pgtx.GenericPlans
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
 		if err := lease.ReadCheck(br, Name, b.p, b.epoch); err != nil {
 			return err

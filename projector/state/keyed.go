@@ -13,10 +13,5 @@ package state
 //
 // Only for batches of a bounded size whose every key is looked up: a nested loop over many
 // keys into an unindexed side would cost keys × rows (the notifier keeps hash joins).
-//
-// Generic plans too, made once per connection: costed afresh at every batch, the planner
-// kept choosing custom plans for the row look-up and the UPDATE, and planning them (every
-// partition considered) cost several times executing them. Sequential scans off, so that a
-// plan made while sensor_state is nearly empty, and kept, still probes by index.
-const keyedJoins = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
-	set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`
+// pgtx.GenericPlans goes with it, for the row look-up and the UPDATE.
+const keyedJoins = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
