@@ -221,12 +221,6 @@ func (e *env) handDriven(lostAfter time.Duration) (*Watchdog, jetstream.Stream) 
 	return w, s
 }
 
-// laterClock is the system clock moved d ahead: a decision of a hand-driven watchdog sees
-// the time d from now without the test waiting for it.
-type laterClock struct{ d time.Duration }
-
-func (c laterClock) Now() time.Time { return time.Now().Add(c.d) }
-
 type seenFact struct {
 	fact event.Log
 	seq  uint64

@@ -201,7 +201,7 @@ func TestSettleOnlyWhileOwned(t *testing.T) {
 	f := e.collectFacts()
 	w, s := e.handDriven(lostAfter)
 	e.reading("gone")
-	w.clock = laterClock{lostAfter} // lost_after has passed, for settle
+	w.clock = testenv.ClockAhead(lostAfter) // lost_after has passed, for settle
 	p := partition.Of("gone", testPartitions)
 	lapsed, cancel := context.WithCancel(t.Context())
 	cancel()

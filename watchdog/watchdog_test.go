@@ -12,6 +12,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/part"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 const lostAfter = 3 * time.Second
@@ -118,7 +119,7 @@ func TestSettleIsIdempotent(t *testing.T) {
 	if n := len(f.of("dup")); n != 0 {
 		t.Fatalf("%d facts before lost_after, want 0", n)
 	}
-	w.clock = laterClock{lostAfter} // lost_after has passed, for settle
+	w.clock = testenv.ClockAhead(lostAfter) // lost_after has passed, for settle
 	// Concurrent and repeated settling of the same expiry, as a restart would redo it.
 	var wg sync.WaitGroup
 	for i := 0; i < 3; i++ {

@@ -244,24 +244,6 @@ func (e *stateEnv) appliedSeqs(t *testing.T) map[int]uint64 {
 	return out
 }
 
-// offsetClock is the system clock moved forward by what the test adds.
-type offsetClock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *offsetClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *offsetClock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.off += d
-}
-
 // Readings that only repeat their sensors' values open no transaction: the checkpoints and
 // the rows stay as they were, with the readings applied in memory, until the pending
 // liveness is due; then one transaction per partition writes the rows and moves the
@@ -271,7 +253,7 @@ func TestStateRepeatsOpenNoTransaction(t *testing.T) {
 	t.Parallel()
 	e := newStateEnv(t, 2)
 	e.seen = 20 * time.Second // not due on its own while the test looks
-	clk := &offsetClock{}
+	clk := testenv.ClockAhead(0)
 	e.clock = clk
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	r := rand.New(rand.NewPCG(26, 3))
@@ -338,7 +320,7 @@ func TestStateRepeatsOpenNoTransaction(t *testing.T) {
 	}
 
 	// Due: one transaction per partition writes it all.
-	clk.add(e.seen)
+	clk.Add(e.seen)
 	e.waitCaughtUp(t, &pub, 5*time.Second)
 	waitRowsExact(t, e, &pub, 5*time.Second)
 	if n := transactions() - before; n != uint64(e.n) {
