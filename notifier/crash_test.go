@@ -29,7 +29,9 @@ func TestCrashAndNATSRestart(t *testing.T) {
 		name  string
 		crash string
 		// failFirst: the first attempt fails, so the crash leaves a delivery waiting for its
-		// next attempt; otherwise the crash leaves rows committed and EVENTS unacknowledged.
+		// next attempt; otherwise the crash leaves rows committed and EVENTS unacknowledged,
+		// the delivery leased at intake and never attempted: it is attempted when its lease,
+		// short in the crashing child, ends.
 		failFirst bool
 		wantHits  int
 		wantRecs  string
@@ -49,7 +51,7 @@ func TestCrashAndNATSRestart(t *testing.T) {
 			e.client("c1", rc.URL)
 			e.sensor("s1", "here")
 			e.subscribe("c1", "s1")
-			first := e.child("1500ms", tc.crash)
+			first := e.child("1500ms", tc.crash, leaseEnv+"=3s")
 			e.publish(testEvent("s1", 1, 1))
 			testenv.Eventually(t, 15*time.Second, "the child to die at "+tc.crash, first.Exited)
 			if first.ExitCode() != crashpoint.ExitCode {

@@ -22,6 +22,8 @@ const (
 func (n *Notifier) dispatch(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	n.dispatching.Store(true)
+	defer n.dispatching.Store(false)
 	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	busyLoop := false
 	for ctx.Err() == nil {
@@ -29,6 +31,8 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		if free <= 0 {
 			select {
 			case <-n.slotFreed:
+			case cs := <-n.handoff:
+				n.startHanded(ctx, &wg, cs)
 			case <-ctx.Done():
 			}
 			continue
@@ -56,15 +60,28 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		// A claim that found fewer rows than it could take took every row due at its
 		// snapshot: what was committed since has poked wake, so it is not claimed again at
 		// once for nothing.
-		wait := nextDue(ctx, n.db, n.cfg.PollInterval)
-		t := time.NewTimer(max(wait, time.Millisecond))
+		n.idle(ctx, &wg, nextDue(ctx, n.db, n.cfg.PollInterval))
+	}
+}
+
+// idle waits up to wait for a reason to claim (a wake-up, a free slot, the wait's end),
+// starting meanwhile the attempts of rows leased at intake.
+func (n *Notifier) idle(ctx context.Context, wg *sync.WaitGroup, wait time.Duration) {
+	t := time.NewTimer(max(wait, time.Millisecond))
+	defer t.Stop()
+	for {
 		select {
+		case cs := <-n.handoff:
+			if n.startHanded(ctx, wg, cs) {
+				return // some were given back: claim them
+			}
+			continue
 		case <-n.wake:
 		case <-n.slotFreed:
 		case <-t.C:
 		case <-ctx.Done():
 		}
-		t.Stop()
+		return
 	}
 }
 
@@ -145,11 +162,7 @@ func (n *Notifier) start(ctx context.Context, wg *sync.WaitGroup, cs []claimed, 
 		wg.Go(func() { n.work(ctx, c) })
 	}
 	if len(excess) > 0 {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if err := unlease(uctx, n.db, excess); err != nil {
-			n.log.Warn("release unsent claims (their leases will expire)", "err", err)
-		}
-		cancel()
+		n.giveBack(ctx, excess)
 	}
 	return started
 }

@@ -36,6 +36,9 @@ const (
 	childEnv       = "NOTIFIER_TEST_CHILD"
 	// ownerEnv names a child in the partition leases (lease_test.go).
 	ownerEnv = "NOTIFIER_TEST_OWNER"
+	// leaseEnv shortens a child's delivery leases (crash_test.go), so that what a crash
+	// leaves leased is attempted again within a test's patience.
+	leaseEnv = "NOTIFIER_TEST_LEASE"
 )
 
 // TestMain runs the notifier as a child process when childEnv is set (crash tests), with
@@ -77,6 +80,12 @@ func runChild() int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if v := os.Getenv(leaseEnv); v != "" {
+		if n.lease, err = time.ParseDuration(v); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
 	}
 	if err := n.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -148,7 +148,10 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 		spans, tps = n.startIntake(ctx, evs, ok)
 		defer func() { endIntake(spans, err) }()
 	}
+	var handed []claimed // leased at intake (handoff.go)
+	pending := 0
 	err = pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
+		handed = nil
 		// The fence first, so that a claim by another process waits for this transaction or
 		// fences it; in the INSERT's round trip.
 		f := fence{
@@ -159,15 +162,31 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 		if err != nil {
 			return err
 		}
-		created, recs, late = ins.created, rs, lt
+		created, recs, late, pending = ins.created, rs, lt, len(ins.ids)
+		l := leasable(ins, n.ep.capacity(n.clock.Now()), n.freeSlots())
 		w := &pgx.Batch{}
+		l.queue(w, n.lease)
+		rest := len(w.QueuedQueries)
 		if err := queueOutbox(w, recs); err != nil {
 			return err
 		}
 		if pos.stream != "" {
 			queuePosition(w, p, pos)
 		}
-		return tx.Commit(ctx, w, nil)
+		rest = len(w.QueuedQueries) - rest
+		return tx.Commit(ctx, w, func(br pgx.BatchResults) error {
+			cs, err := l.read(br)
+			if err != nil {
+				return err
+			}
+			for range rest {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			handed = cs
+			return nil
+		})
 	})
 	if err != nil {
 		return err
@@ -195,7 +214,10 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 	n.m.events.Add(float64(len(evs)))
 	n.m.created.Add(float64(created))
 	n.count(recs)
-	poke(n.wake)
+	n.handOff(ctx, handed)
+	if len(handed) < pending {
+		poke(n.wake) // rows left to claim
+	}
 	if len(recs) > 0 {
 		n.relay.Wake()
 	}

@@ -57,13 +57,16 @@ type Notifier struct {
 	// setAside records the EVENTS messages that are not real events (see checkBatch).
 	setAside *setaside.Recorder
 
-	inflight  atomic.Int64
-	results   chan result
-	wake      chan struct{} // the dispatcher: something may be due
-	slotFreed chan struct{}
-	ran       atomic.Bool
-	gaps      *logread.Gaps
-	tracer    trace.Tracer // nil: no tracing (trace.go)
+	inflight atomic.Int64
+	results  chan result
+	wake     chan struct{}  // the dispatcher: something may be due
+	handoff  chan []claimed // rows leased at intake, for the dispatcher to attempt (handoff.go)
+	// dispatching is true while dispatch runs: the intake leases rows only then.
+	dispatching atomic.Bool
+	slotFreed   chan struct{}
+	ran         atomic.Bool
+	gaps        *logread.Gaps
+	tracer      trace.Tracer // nil: no tracing (trace.go)
 }
 
 type metrics struct {
@@ -76,7 +79,9 @@ type metrics struct {
 	breaker  prometheus.Counter
 	resets   prometheus.Counter
 	late     prometheus.Counter
-	clients  *clientMetrics
+	// intakeLeased counts deliveries leased at intake and handed to the dispatcher.
+	intakeLeased prometheus.Counter
+	clients      *clientMetrics
 	// This part's hops of locks_stage_seconds.
 	intake, claim, attempt, finish stage.Observer
 }
@@ -100,6 +105,7 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 		results:   make(chan result, 2*cfg.MaxInFlight),
 		wake:      make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
+		handoff:   make(chan []claimed),
 		tracer:    d.Tracer,
 	}
 	n.m = metrics{
@@ -123,10 +129,12 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 			Help: "Endpoint resets (an operator's redrive, resend or re-enable) received over NATS."}),
 		late: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_late_events_total",
 			Help: "Events taken in after a newer revision of the same sensor for the same client (recorded superseded, never sent): should stay 0."}),
+		intakeLeased: prometheus.NewCounter(prometheus.CounterOpts{Name: "locks_notifier_leased_at_intake_total",
+			Help: "Deliveries leased by the intake transaction that created them and handed to the dispatcher without a claim."}),
 		clients: newClientMetrics(cfg.MetricsMaxClients),
 	}
 	if err := part.Register(d.Registerer, "notifier", append([]prometheus.Collector{n.m.events, n.m.created, n.m.outcomes, n.m.latency,
-		n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late}, n.m.clients.collectors()...)...); err != nil {
+		n.m.lag, n.m.inflight, n.m.breaker, n.m.resets, n.m.late, n.m.intakeLeased}, n.m.clients.collectors()...)...); err != nil {
 		return nil, err
 	}
 	var err error
