@@ -32,8 +32,10 @@ import (
 var locksBin, toolBin, binDir string
 
 func TestMain(m *testing.M) {
-	// The tests mostly wait on their systems' timers (lost_after, retries, restarts).
-	testenv.Parallel(5) // parses the flags
+	// The tests mostly wait on their systems' timers (lost_after, retries, restarts), and
+	// the kill test's wait for the webhook leases of its killed processes is the package's
+	// longest path: every test has a slot at once, so that it never waits for one.
+	testenv.Parallel(12) // parses the flags
 	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
 	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
 	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
