@@ -31,9 +31,10 @@ const (
 	childPGEnv    = "LOCKS_BRIDGE_TEST_POSTGRES_URL"
 )
 
-// The tests run side by side: they mostly wait on RabbitMQ and NATS (restarts, redeliveries).
+// The tests run side by side: they mostly wait on RabbitMQ and NATS (restarts, redeliveries),
+// and a slot for each means the longest, the RabbitMQ restart, never waits for one.
 func TestMain(m *testing.M) {
-	testenv.Parallel(8)
+	testenv.Parallel(32)
 	testenv.ChildMain(m, childEnv, runChild)
 }
 

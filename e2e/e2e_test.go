@@ -32,8 +32,10 @@ import (
 var locksBin, toolBin, binDir string
 
 func TestMain(m *testing.M) {
-	// The tests mostly wait on their systems' timers (lost_after, retries, restarts).
-	testenv.Parallel(5) // parses the flags
+	// The tests mostly wait on their systems' timers (lost_after, retries, restarts), and
+	// the kill test's wait for the webhook leases of its killed processes is the package's
+	// longest path: every test has a slot at once, so that it never waits for one.
+	testenv.Parallel(12) // parses the flags
 	// Jaeger's first build takes minutes: when the run includes the test that needs it, it
 	// starts now, beside the build of locks and the tests before it (JaegerBinary is once).
 	if run := flag.Lookup("test.run").Value.String(); run == "" || regexp.MustCompile(run).MatchString("TestReadingTraceInJaeger") {
@@ -394,7 +396,17 @@ func TestReadingsToWebhooks(t *testing.T) {
 		reading("doorB", 1),
 	)
 	got := rcv.wait(t, 3, 20*time.Second)
-	lastA := time.Now()
+	// lost_after counts from the server's receive time of doorA's last reading: its
+	// last_seen_time, written with the change it made. The webhooks come later, a second
+	// or more on a busy machine, so their arrival is no reference.
+	var seenA struct {
+		LastSeenTime time.Time `json:"last_seen_time"`
+		Data         int       `json:"data"`
+	}
+	if code := s.call("GET", "/v1/sensors/doorA/state", nil, &seenA); code != 200 || seenA.Data != 0 || seenA.LastSeenTime.IsZero() {
+		t.Fatalf("state of doorA after its change to 0: %d %+v", code, seenA)
+	}
+	lastA := seenA.LastSeenTime
 	byRev := map[string][]webhook{}
 	for _, h := range got {
 		verify(t, client.SigningSecret, h)

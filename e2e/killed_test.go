@@ -33,12 +33,16 @@ func TestKilledUnderLoadLosesNothing(t *testing.T) {
 		sensors = 300
 		prefix  = "kl"
 		rate    = 1500
-		load    = 24 * time.Second
+		// load ends a few seconds after the last kill (about 14 s into it), so that the
+		// last restarted process takes its partitions over while readings still come.
+		load = 19 * time.Second
 	)
 	// An attempt in flight at a kill stays leased for the webhook timeout plus a margin after
 	// the process is gone; the local receiver answers in milliseconds, so a short timeout
-	// brings those attempts back sooner.
-	s := start(t, "LOCKS_WEBHOOK_TIMEOUT=2s")
+	// brings those attempts back sooner. A killed process's partitions are taken over after
+	// its leases expire: a short lease TTL lets each restarted process work sooner, so that
+	// the next kill lands on one that owns every partition.
+	s := start(t, "LOCKS_WEBHOOK_TIMEOUT=2s", "LOCKS_LEASE_TTL=3s")
 	rcv, err := loadgen.NewReceiver("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +106,7 @@ func TestKilledUnderLoadLosesNothing(t *testing.T) {
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for !caughtUp() && time.Now().Before(deadline) {
-		time.Sleep(time.Second)
+		time.Sleep(250 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second) // a reading, event or webhook written twice would come now
 	caughtUp()

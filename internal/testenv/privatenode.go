@@ -44,6 +44,14 @@ type privateProc struct {
 // nil, failing t with the last error and the output if that takes over within.
 func startPrivate(t testing.TB, what, dir string, cmd *exec.Cmd, within time.Duration, ready func() error) *privateProc {
 	t.Helper()
+	p, wait := spawnPrivate(t, what, dir, cmd, within, ready)
+	wait()
+	return p
+}
+
+// spawnPrivate is startPrivate without the wait: wait polls ready, in t's goroutine.
+func spawnPrivate(t testing.TB, what, dir string, cmd *exec.Cmd, within time.Duration, ready func() error) (p *privateProc, wait func()) {
+	t.Helper()
 	outPath := filepath.Join(dir, "server.out")
 	out, err := os.OpenFile(outPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -58,19 +66,22 @@ func startPrivate(t testing.TB, what, dir string, cmd *exec.Cmd, within time.Dur
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", what, err)
 	}
-	p := &privateProc{cmd: cmd}
+	p = &privateProc{cmd: cmd}
 	deadline := time.Now().Add(within)
-	for {
-		err := ready()
-		if err == nil {
-			return p
+	return p, func() {
+		t.Helper()
+		for {
+			err := ready()
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				p.kill()
+				b, _ := os.ReadFile(outPath)
+				t.Fatalf("%s not ready within %s: %v\n%s", what, within, err, b)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			p.kill()
-			b, _ := os.ReadFile(outPath)
-			t.Fatalf("%s not ready within %s: %v\n%s", what, within, err, b)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 

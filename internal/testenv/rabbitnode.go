@@ -35,6 +35,14 @@ const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 // PrivateRabbitMQ starts a RabbitMQ node of t's own, killed and removed at the end of the test.
 func PrivateRabbitMQ(t testing.TB) *RabbitNode {
 	t.Helper()
+	return BootPrivateRabbitMQ(t)()
+}
+
+// BootPrivateRabbitMQ is PrivateRabbitMQ in two steps: it starts the node and returns at
+// once, and ready waits until the node takes connections. A parallel test calls it before
+// t.Parallel, so that the node boots (seconds of Erlang) while the test waits for its slot.
+func BootPrivateRabbitMQ(t testing.TB) (ready func() *RabbitNode) {
+	t.Helper()
 	needBinary(t, rabbitServer, "rabbitmq-server")
 	dir := privateDir(t, "locks-test-rabbit-")
 	n := &RabbitNode{privateServer: privateServer{t: t, dir: dir}, port: freePort(t), dist: freePort(t)}
@@ -57,12 +65,22 @@ func PrivateRabbitMQ(t testing.TB) *RabbitNode {
 		n.Kill()
 		_ = os.RemoveAll(dir)
 	})
-	n.Start()
-	return n
+	wait := n.boot()
+	return func() *RabbitNode {
+		t.Helper()
+		wait()
+		return n
+	}
 }
 
 // Start starts the node on its data and waits until it takes connections.
 func (n *RabbitNode) Start() {
+	n.t.Helper()
+	n.boot()()
+}
+
+// boot starts the node on its data; wait waits until it takes connections.
+func (n *RabbitNode) boot() (wait func()) {
 	n.t.Helper()
 	cmd := exec.Command(rabbitServer)
 	cmd.Env = append(os.Environ(),
@@ -76,13 +94,14 @@ func (n *RabbitNode) Start() {
 		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(n.dir, "enabled_plugins"),
 		"RABBITMQ_PID_FILE="+filepath.Join(n.dir, "pid"),
 	)
-	n.proc = startPrivate(n.t, "private RabbitMQ node "+n.name, n.dir, cmd, 90*time.Second, func() error {
+	n.proc, wait = spawnPrivate(n.t, "private RabbitMQ node "+n.name, n.dir, cmd, 90*time.Second, func() error {
 		c, err := amqp.Dial(n.URL)
 		if err == nil {
 			_ = c.Close()
 		}
 		return err
 	})
+	return wait
 }
 
 // BareConsumer declares queue on conn (durable) and consumes it on a channel of its own with a
