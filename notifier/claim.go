@@ -3,6 +3,7 @@ package notifier
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,6 +74,35 @@ type capacity struct {
 	freeClient []string
 	free       []int32
 	perClient  int
+}
+
+// heldBack reports whether a claim under c that leased cs may have left due rows behind
+// for want of an endpoint's room: a client was busy, or took all it could.
+func (c capacity) heldBack(cs []claimed) bool {
+	if len(c.busy) > 0 {
+		return true
+	}
+	took := map[string]int{}
+	for _, x := range cs {
+		took[x.clientID]++
+	}
+	for client, k := range took {
+		if k >= c.room(client) {
+			return true
+		}
+	}
+	return false
+}
+
+// room is how many attempts client may take under c.
+func (c capacity) room(client string) int {
+	if slices.Contains(c.busy, client) {
+		return 0
+	}
+	if j := slices.Index(c.freeClient, client); j >= 0 {
+		return int(c.free[j])
+	}
+	return c.perClient
 }
 
 // claim leases up to limit eligible rows, within each client's capacity, earliest due

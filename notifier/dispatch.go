@@ -42,7 +42,8 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		}
 		now := n.clock.Now()
 		limit := min(free, n.cfg.Batch)
-		cs, err := claim(ctx, n.db, n.ep.capacity(now), limit, rand.Int64(), n.lease)
+		capa := n.ep.capacity(now)
+		cs, err := claim(ctx, n.db, capa, limit, rand.Int64(), n.lease)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -59,14 +60,14 @@ func (n *Notifier) dispatch(ctx context.Context) {
 		}
 		// A claim that found fewer rows than it could take took every row due at its
 		// snapshot: what was committed since has poked wake, so it is not claimed again at
-		// once for nothing.
-		n.idle(ctx, &wg, nextDue(ctx, n.db, n.cfg.PollInterval))
+		// once for nothing, nor when a slot frees unless the endpoints' room held rows back.
+		n.idle(ctx, &wg, nextDue(ctx, n.db, n.cfg.PollInterval), capa.heldBack(cs))
 	}
 }
 
-// idle waits up to wait for a reason to claim (a wake-up, a free slot, the wait's end),
-// starting meanwhile the attempts of rows leased at intake.
-func (n *Notifier) idle(ctx context.Context, wg *sync.WaitGroup, wait time.Duration) {
+// idle waits up to wait for a reason to claim (a wake-up, a free slot when slots held
+// rows back, the wait's end), starting meanwhile the attempts of rows leased at intake.
+func (n *Notifier) idle(ctx context.Context, wg *sync.WaitGroup, wait time.Duration, slotsMatter bool) {
 	t := time.NewTimer(max(wait, time.Millisecond))
 	defer t.Stop()
 	for {
@@ -78,6 +79,9 @@ func (n *Notifier) idle(ctx context.Context, wg *sync.WaitGroup, wait time.Durat
 			continue
 		case <-n.wake:
 		case <-n.slotFreed:
+			if !slotsMatter {
+				continue
+			}
 		case <-t.C:
 		case <-ctx.Done():
 		}

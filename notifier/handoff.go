@@ -3,7 +3,6 @@ package notifier
 import (
 	"context"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -40,13 +39,7 @@ func leasable(ins inserted, c capacity, free int) intakeLease {
 			break
 		}
 		client := ins.clients[i]
-		limit := c.perClient
-		if slices.Contains(c.busy, client) {
-			limit = 0
-		} else if j := slices.Index(c.freeClient, client); j >= 0 {
-			limit = int(c.free[j])
-		}
-		if taken[client] >= limit {
+		if taken[client] >= c.room(client) {
 			continue
 		}
 		taken[client]++
