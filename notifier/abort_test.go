@@ -54,7 +54,7 @@ func TestAbortedAttemptIsNotSuperseded(t *testing.T) {
 			rs = append(rs, result{c: c, state: StatePending, delay: time.Second, status: 503, at: time.Now()})
 		}
 	}
-	if _, _, err := finish(context.WithoutCancel(ctx), e.pool, rs, 0, time.Now()); err != nil {
+	if _, err := finish(context.WithoutCancel(ctx), e.pool, rs, 0, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	state := func(sensor string) (st string, leased bool) {

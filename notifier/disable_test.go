@@ -96,11 +96,11 @@ func TestFinishDisablesAtNow(t *testing.T) {
 	}
 	fin := func(now time.Time, rs ...result) map[string]string {
 		t.Helper()
-		_, disabled, err := finish(t.Context(), e.pool, rs, time.Hour, now)
+		fd, err := finish(t.Context(), e.pool, rs, time.Hour, now)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return disabled
+		return fd.disabled
 	}
 	if d := fin(at(59*time.Minute), r("c1", t0, StatePending), r("c2", t0, StatePending), r("c3", t0, StatePending)); len(d) != 0 {
 		t.Fatalf("disabled %v before an hour of failures", d)

@@ -32,9 +32,8 @@ type result struct {
 // alone. The row's state is finishState's, planned per attempt (planFinish) and completed
 // by the UPDATE with the row's flag and newer revisions. The endpoints' health is recorded
 // with them, and a client failing for disableAfter or longer at now is disabled
-// (disableVerdict), in the round trip of the outbox. It returns the records written and
-// the clients disabled, with their reasons.
-func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Duration, now time.Time) ([]event.Attempt, map[string]string, error) {
+// (disableVerdict), in the round trip of the outbox.
+func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Duration, now time.Time) (finished, error) {
 	// Rows in id order, so that two finishing batches lock them in the same order.
 	rs = slices.SortedFunc(slices.Values(rs), func(a, b result) int { return cmp.Compare(a.c.id, b.c.id) })
 	resultOf := map[int64]result{}
@@ -45,6 +44,7 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 	}
 	var recs []event.Attempt
 	var disabled map[string]string
+	var claimable bool
 	// BEGIN goes with the first batch and COMMIT with the outcomes' (writeOutcomes).
 	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		recs = recs[:0]
@@ -77,7 +77,8 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 			            $10::text[], $11::text[], $12::text[])
 			     AS r(id, token, state, delay, status, err, counted, latency, if_flagged, if_newer, otherwise)
 			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
-			RETURNING d.id, d.state, d.attempts`, a.ids, a.sensors, a.tokens, a.states, a.delays, a.statuses, a.errs, a.counted,
+			RETURNING d.id, d.state, d.attempts, EXISTS (SELECT 1 FROM notifier_deliveries o
+				WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id AND o.state = 'pending' OFFSET 0)`, a.ids, a.sensors, a.tokens, a.states, a.delays, a.statuses, a.errs, a.counted,
 			a.latencies, a.ifFlagged, a.ifNewer, a.otherwise)
 		// The planner's own choices again for the health statements.
 		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
@@ -95,7 +96,9 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 		}); err != nil {
 			return err
 		}
+		claimable = false
 		for _, f := range fins {
+			claimable = claimable || f.state == StatePending || f.others
 			r := resultOf[f.id]
 			if r.aborted {
 				continue
@@ -109,9 +112,19 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 		return err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("finish attempts: %w", err)
+		return finished{}, fmt.Errorf("finish attempts: %w", err)
 	}
-	return recs, disabled, nil
+	return finished{recs: recs, disabled: disabled, claimable: claimable}, nil
+}
+
+// finished is what finish wrote: the attempt records, the clients disabled (with their
+// reasons), and whether a row may be claimable because of it: one still pending (a retry,
+// a lease given back) or another pending row of a finished row's key (a newer revision it
+// held back).
+type finished struct {
+	recs      []event.Attempt
+	disabled  map[string]string
+	claimable bool
 }
 
 // outcomeArgs are finish's results as the arrays of its UPDATE, one element per result.
@@ -138,6 +151,7 @@ type fin struct {
 	id       int64
 	state    string
 	attempts int
+	others   bool // another row of its key is pending
 }
 
 // readFinish reads the results of finish's batch: the settings, the lock, the update, and
@@ -154,7 +168,7 @@ func readFinish(br pgx.BatchResults, health bool) (fins []fin, since map[string]
 	}
 	fins, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (fin, error) {
 		var f fin
-		err := r.Scan(&f.id, &f.state, &f.attempts)
+		err := r.Scan(&f.id, &f.state, &f.attempts, &f.others)
 		return f, err
 	})
 	if err != nil {

@@ -54,7 +54,7 @@ func (n *Notifier) finishBatch(batch []result) {
 	retry := backoff.New(100*time.Millisecond, 2*time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		recs, disabled, err := finish(ctx, n.db, batch, n.cfg.DisableAfter, n.clock.Now())
+		fd, err := finish(ctx, n.db, batch, n.cfg.DisableAfter, n.clock.Now())
 		cancel()
 		if err == nil {
 			crashpoint.Hit(CrashAfterFinishCommit)
@@ -64,11 +64,13 @@ func (n *Notifier) finishBatch(batch []result) {
 					n.m.finish.Between(r.at.Add(r.latency), now)
 				}
 			}
-			for client, why := range disabled {
+			for client, why := range fd.disabled {
 				n.log.Warn("webhook endpoint disabled: its deliveries wait until it is re-enabled", "client", client, "reason", why)
 			}
-			n.count(recs)
-			poke(n.wake)
+			n.count(fd.recs)
+			if fd.claimable {
+				poke(n.wake)
+			}
 			n.relay.Wake()
 			return
 		}

@@ -78,3 +78,40 @@ func TestIntakeLeasesWhatMayGoAtOnce(t *testing.T) {
 		t.Fatalf("%d attempts recorded, %d webhooks received, want %d each", a, got, sensors+1)
 	}
 }
+
+// finish says a claim may find something only when it does: a row left pending (a retry),
+// or another pending row of a finished row's key (a newer revision it held back); a
+// delivery with nothing behind it wakes no claim.
+func TestFinishSaysWhenAClaimMayFindRows(t *testing.T) {
+	t.Parallel()
+	_, pool := testenv.Postgres(t)
+	inFlight := rowFacts{inFlight: true}
+	row := func(sensor string, newer bool) claimed {
+		f := inFlight
+		f.newer = newer
+		return claimed{id: sweepRow(t, pool, sensor, f), token: 7, clientID: "c1", sensorID: sensor, eventID: sensor + "-1"}
+	}
+	for _, tc := range []struct {
+		name   string
+		newer  bool
+		state  string
+		wantOK bool
+	}{
+		{"delivered, nothing behind it", false, StateDelivered, false},
+		{"delivered, a newer revision waiting", true, StateDelivered, true},
+		{"failed, a retry due later", false, StatePending, true},
+		{"dead, nothing behind it", false, StateDead, false},
+	} {
+		c := row(fmt.Sprintf("f-%s", tc.name), tc.newer)
+		fd, err := finish(t.Context(), pool, []result{{c: c, state: tc.state, delay: time.Minute, status: 200, at: time.Now()}}, 0, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fd.recs) != 1 {
+			t.Fatalf("%s: %d records, want 1", tc.name, len(fd.recs))
+		}
+		if fd.claimable != tc.wantOK {
+			t.Errorf("%s: claimable %v, want %v", tc.name, fd.claimable, tc.wantOK)
+		}
+	}
+}

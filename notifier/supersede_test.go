@@ -218,7 +218,7 @@ func TestFinishSupersedeWiring(t *testing.T) {
 			rows[sensor] = row{f, o.counted, o.outcome}
 		}
 	}
-	if _, _, err := finish(t.Context(), pool, rs, 0, time.Now()); err != nil {
+	if _, err := finish(t.Context(), pool, rs, 0, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for sensor, r := range rows {
