@@ -32,8 +32,9 @@ import (
 
 const historyPartitions = 4
 
-// The tests mostly wait: on ClickHouse's inserts, a cut link, a NATS restart.
-func TestMain(m *testing.M) { testenv.Main(m, 4) }
+// The tests mostly wait (on ClickHouse's inserts, a cut link, a NATS restart), so eight
+// of them wait side by side.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
 
 // historyEnv is a READINGS/EVENTS/DELIVERIES log and a ClickHouse database.
 type historyEnv struct {
