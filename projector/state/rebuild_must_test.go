@@ -101,7 +101,10 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 	}
 	testenv.RunPart(t, "notifier", nt.Run, 20*time.Second)
 
-	// The live projectors follow the log as it is appended.
+	var pub statePublished
+	logs := rebuildLog(3, sensors, count)
+	rebuildPublishFast(t, e.nats.NC, e.n, rebuildSliceGen(logs), &pub)
+	t.Logf("%s: %d messages published", time.Since(t0).Round(time.Millisecond), len(logs))
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	hist, err := history.New(history.Config{Partitions: partition.All(e.n), BatchSize: 20_000, FlushInterval: 100 * time.Millisecond},
 		history.Deps{JS: e.nats.JS, CH: ch, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
@@ -109,10 +112,6 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.RunPart(t, "History", hist.Run, 20*time.Second)
-	var pub statePublished
-	logs := rebuildLog(3, sensors, count)
-	rebuildPublishFast(t, e.nats.NC, e.n, rebuildSliceGen(logs), &pub)
-	t.Logf("%s: %d messages published", time.Since(t0).Round(time.Millisecond), len(logs))
 	e.waitCaughtUp(t, &pub, 120*time.Second)
 	t.Logf("%s: state caught up", time.Since(t0).Round(time.Millisecond))
 
