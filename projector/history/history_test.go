@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/history"
 	"github.com/lock-sensors/lock-sensors/internal/crashpoint"
@@ -30,8 +32,9 @@ import (
 
 const historyPartitions = 4
 
-// The tests mostly wait: on ClickHouse's inserts, a cut link, a NATS restart.
-func TestMain(m *testing.M) { testenv.Main(m, 4) }
+// The tests mostly wait (on ClickHouse's inserts, a cut link, a NATS restart), so eight
+// of them wait side by side.
+func TestMain(m *testing.M) { testenv.Main(m, 8) }
 
 // historyEnv is a READINGS/EVENTS/DELIVERIES log and a ClickHouse database.
 type historyEnv struct {
@@ -142,7 +145,8 @@ func historyWaitRows(t testing.TB, ch driver.Conn, want uint64, within time.Dura
 }
 
 // historyCheckExactlyOnce pages through every sensor's readings with the history queries
-// and finds each published reading exactly once, in order, with its values.
+// and finds each published reading exactly once, in order, with its values. The sensors
+// are checked a few at a time: each is a round trip of its own.
 func historyCheckExactlyOnce(t testing.TB, ch driver.Conn, logs []event.Log, pageSize int) {
 	t.Helper()
 	st, err := history.New(ch)
@@ -155,33 +159,57 @@ func historyCheckExactlyOnce(t testing.TB, ch driver.Conn, logs []event.Log, pag
 			want[l.SensorID] = append(want[l.SensorID], l)
 		}
 	}
-	total := 0
-	for s, ls := range want {
-		var got []history.Reading
-		q := history.Query{PageSize: pageSize}
-		for {
-			p, err := st.Readings(t.Context(), s, q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, p.Readings...)
-			if q.PageToken = p.NextPageToken; q.PageToken == "" {
-				break
-			}
-		}
-		if len(got) != len(ls) {
-			t.Fatalf("sensor %s: %d readings in the history, %d published", s, len(got), len(ls))
-		}
-		for i, r := range got {
-			l := ls[i]
-			if r.MessageID != l.MessageID || !r.Time.Equal(l.Time.Truncate(time.Millisecond)) || r.Data != l.Data ||
-				!r.ReceivedTime.Equal(l.ReceivedTime.Truncate(time.Millisecond)) {
-				t.Fatalf("sensor %s reading %d: got %+v, want %+v", s, i, r, l)
-			}
-		}
-		total += len(got)
+	ids := make(chan string, len(want))
+	for s := range want {
+		ids <- s
 	}
-	t.Logf("%d readings of %d sensors, each exactly once", total, len(want))
+	close(ids)
+	var total atomic.Int64
+	g, ctx := errgroup.WithContext(t.Context())
+	for range 4 {
+		g.Go(func() error {
+			for s := range ids {
+				n, err := historyCheckSensor(ctx, st, s, want[s], pageSize)
+				if err != nil {
+					return err
+				}
+				total.Add(int64(n))
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d readings of %d sensors, each exactly once", total.Load(), len(want))
+}
+
+// historyCheckSensor pages through sensor s's readings and compares them with ls, the
+// readings published of it in order; it returns how many there are.
+func historyCheckSensor(ctx context.Context, st *history.Store, s string, ls []event.Log, pageSize int) (int, error) {
+	var got []history.Reading
+	q := history.Query{PageSize: pageSize}
+	for {
+		p, err := st.Readings(ctx, s, q)
+		if err != nil {
+			return 0, err
+		}
+		got = append(got, p.Readings...)
+		if q.PageToken = p.NextPageToken; q.PageToken == "" {
+			break
+		}
+	}
+	if len(got) != len(ls) {
+		return 0, fmt.Errorf("sensor %s: %d readings in the history, %d published", s, len(got), len(ls))
+	}
+	for i, r := range got {
+		l := ls[i]
+		if r.MessageID != l.MessageID || !r.Time.Equal(l.Time.Truncate(time.Millisecond)) || r.Data != l.Data ||
+			!r.ReceivedTime.Equal(l.ReceivedTime.Truncate(time.Millisecond)) {
+			return 0, fmt.Errorf("sensor %s reading %d: got %+v, want %+v", s, i, r, l)
+		}
+	}
+	return len(got), nil
 }
 
 // TestHelperHistoryProcess is the history projector in a child process (see

@@ -91,6 +91,16 @@ func stateSnapshot(t testing.TB, pg *pgxpool.Pool) string {
 	return s
 }
 
+// leaseTestTTL is the lease TTL of the lease tests' bucket and processes: shorter than the
+// default, so that a killed or paused owner's partitions lapse sooner; still renewed every
+// second.
+const leaseTestTTL = 3 * time.Second
+
+// newLeaseEnv is a stateEnv of n partitions whose leases live leaseTestTTL.
+func newLeaseEnv(t testing.TB, n int) *stateEnv {
+	return newStateEnvWith(t, natsx.StreamsConfig{Partitions: n, LeaseTTL: leaseTestTTL})
+}
+
 // TestHelperStateLeaseProcess is not a test: it is a state process of the lease tests,
 // without fixed partitions, running until it is killed (or for 2 minutes).
 func TestHelperStateLeaseProcess(t *testing.T) {
@@ -105,7 +115,7 @@ func TestHelperStateLeaseProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	s, err := New(Config{PartitionCount: n, Owner: owner, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond, BatchSize: 50},
+	s, err := New(Config{PartitionCount: n, Owner: owner, LeaseTTL: leaseTestTTL, IdleWait: 200 * time.Millisecond, RelayPoll: 100 * time.Millisecond, BatchSize: 50},
 		Deps{JS: js, PG: pg, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +229,7 @@ func mapStrings(m map[string]int) []string {
 // skipped or repeated.
 func TestStateLeaseTakeover(t *testing.T) {
 	t.Parallel()
-	e := newStateEnv(t, 8)
+	e := newLeaseEnv(t, 8)
 	r := rand.New(rand.NewPCG(13, 14))
 	ids := stateSensorIDs(r, 200)
 	a, _ := e.startLeaseChild(t, "a"), e.startLeaseChild(t, "b")
@@ -246,7 +256,7 @@ func TestStateLeaseTakeover(t *testing.T) {
 // EVENTS are exactly the model's.
 func TestStateLeasePausedOwnerIsFenced(t *testing.T) {
 	t.Parallel()
-	e := newStateEnv(t, 4)
+	e := newLeaseEnv(t, 4)
 	r := rand.New(rand.NewPCG(15, 16))
 	ids := stateSensorIDs(r, 100)
 	a, _ := e.startLeaseChild(t, "a"), e.startLeaseChild(t, "b")

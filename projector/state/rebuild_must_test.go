@@ -1,6 +1,8 @@
 package state
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -16,8 +18,10 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/chschema"
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/event"
+	"github.com/lock-sensors/lock-sensors/internal/logread"
 	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/partition"
+	"github.com/lock-sensors/lock-sensors/internal/rebuild"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/lock-sensors/lock-sensors/notifier"
 	"github.com/lock-sensors/lock-sensors/projector/history"
@@ -109,6 +113,7 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 	}
 	testenv.RunPart(t, "History", hist.Run, 20*time.Second)
 	e.waitCaughtUp(t, &pub, 120*time.Second)
+	t.Logf("%s: state caught up", time.Since(t0).Round(time.Millisecond))
 
 	// Everything delivered and in the history: the state, the events of the subscribed
 	// sensors as deliveries, the attempts in DELIVERIES and ClickHouse.
@@ -148,26 +153,39 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Rebuild both, the live projectors and the notifier running.
-	res, err := e.newRebuild(t, RebuildConfig{}).Run(t.Context())
+	// Rebuild both, the live projectors and the notifier running. The two projections share
+	// nothing, so their rebuilds run side by side.
+	hr, err := history.NewRebuild(history.RebuildConfig{}, history.RebuildDeps{JS: e.nats.JS, CH: ch, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var hres rebuild.Result
+	hdone := make(chan error, 1)
+	go func() {
+		var err error
+		hres, err = hr.Run(t.Context())
+		hdone <- err
+	}()
+	res, err := e.newRebuild(t, RebuildConfig{}).Run(t.Context())
+	if herr := <-hdone; err != nil || herr != nil {
+		t.Fatalf("state rebuild: %v; history rebuild: %v", err, herr)
+	}
+	t.Logf("%s: state rebuild: %d messages, %d events checked, in %s; history rebuild: %d messages in %s", time.Since(t0).Round(time.Millisecond),
+		res.Applied, res.EventsChecked, res.Elapsed.Round(time.Millisecond), hres.Applied, hres.Elapsed.Round(time.Millisecond))
+
+	// Nothing for receivers: no event, no outbox row, no delivery, no request, also after
+	// the notifier has had many polls to find one. Watched while the rebuilt tables are
+	// compared.
+	quiet := make(chan error, 1)
+	go func() {
+		quiet <- rebuildStaysQuiet(t.Context(), e, &received, evsBefore, delivBefore, recvBefore, 1500*time.Millisecond)
+	}()
+
 	afterRebuild(t, e, res)
 	if res.Applied != uint64(len(logs)) {
 		t.Errorf("state rebuild applied %d messages, want the %d of the log", res.Applied, len(logs))
 	}
 	equalRows(t, "rebuilt sensor_state vs the live one", loadStateTable(t, e, "sensor_state"), liveState)
-	hr, err := history.NewRebuild(history.RebuildConfig{}, history.RebuildDeps{JS: e.nats.JS, CH: ch, Logger: testenv.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hres, err := hr.Run(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("state rebuild: %d messages, %d events checked, in %s; history rebuild: %d messages in %s",
-		res.Applied, res.EventsChecked, res.Elapsed.Round(time.Millisecond), hres.Applied, hres.Elapsed.Round(time.Millisecond))
 	for _, tb := range chschema.Tables {
 		n1, s1 := historyDigest(t, ch, tb, tb.Name)
 		n0, s0 := historyDigest(t, ch, tb, tb.Name+hres.OldTable)
@@ -184,21 +202,31 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 	if n := chCount(t, ch, `SELECT toUInt64(count(DISTINCT seq)) FROM readings`); n != uint64(readings) {
 		t.Errorf("rebuilt readings: %d distinct, want the %d readings of the log", n, readings)
 	}
+	if err := <-quiet; err != nil {
+		t.Fatal(err)
+	}
+}
 
-	// Nothing for receivers: no event, no outbox row, no delivery, no request, also after
-	// the notifier has had many polls to find one.
-	deadline := time.Now().Add(1500 * time.Millisecond)
+// rebuildStaysQuiet checks for the window that EVENTS stays at its last sequence evsBefore,
+// the outbox empty and the notifier's deliveries and received requests at their counts.
+func rebuildStaysQuiet(ctx context.Context, e *stateEnv, received *atomic.Int64, evsBefore uint64, delivBefore int, recvBefore int64, window time.Duration) error {
+	deadline := time.Now().Add(window)
 	for time.Now().Before(deadline) {
 		var outbox, deliv int
-		if err := e.pg.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM notifier_deliveries)`).Scan(&outbox, &deliv); err != nil {
-			t.Fatal(err)
+		if err := e.pg.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM notifier_deliveries)`).Scan(&outbox, &deliv); err != nil {
+			return err
 		}
-		if ev := eventsLastSeq(t, e); ev != evsBefore || outbox != 0 || deliv != delivBefore || received.Load() != recvBefore {
-			t.Fatalf("after the rebuild: EVENTS at seq %d (was %d), %d outbox rows, %d deliveries (were %d), %d webhooks received (were %d)",
-				ev, evsBefore, outbox, deliv, delivBefore, received.Load(), recvBefore)
+		s, err := logread.StreamState(ctx, e.nats.JS, natsx.EventsStream)
+		if err != nil {
+			return err
+		}
+		if s.LastSeq != evsBefore || outbox != 0 || deliv != delivBefore || received.Load() != recvBefore {
+			return fmt.Errorf("after the rebuild: EVENTS at seq %d (was %d), %d outbox rows, %d deliveries (were %d), %d webhooks received (were %d)",
+				s.LastSeq, evsBefore, outbox, deliv, delivBefore, received.Load(), recvBefore)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return nil
 }
 
 // historyDigest is the distinct rows of a copy (table) of a history table as a count and a

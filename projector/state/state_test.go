@@ -47,14 +47,22 @@ type stateEnv struct {
 	clock  clock.Clock          // Deps.Clock for runState (nil: the system clock)
 }
 
-func newStateEnv(t testing.TB, n int) *stateEnv { return newStateEnvDup(t, n, 0) }
+func newStateEnv(t testing.TB, n int) *stateEnv {
+	return newStateEnvWith(t, natsx.StreamsConfig{Partitions: n})
+}
 
 // newStateEnvDup sets the streams' de-duplication window (0: the default).
 func newStateEnvDup(t testing.TB, n int, dup time.Duration) *stateEnv {
+	return newStateEnvWith(t, natsx.StreamsConfig{Partitions: n, Duplicates: dup})
+}
+
+// newStateEnvWith declares the streams and buckets as sc says (LostAfter: an hour).
+func newStateEnvWith(t testing.TB, sc natsx.StreamsConfig) *stateEnv {
 	t.Helper()
-	e := &stateEnv{nats: testenv.NATS(t), n: n}
+	e := &stateEnv{nats: testenv.NATS(t), n: sc.Partitions}
 	e.pgURL, e.pg = testenv.Postgres(t)
-	if err := natsx.Declare(t.Context(), e.nats.JS, natsx.StreamsConfig{Partitions: n, LostAfter: time.Hour, Duplicates: dup}); err != nil {
+	sc.LostAfter = time.Hour
+	if err := natsx.Declare(t.Context(), e.nats.JS, sc); err != nil {
 		t.Fatal(err)
 	}
 	return e
