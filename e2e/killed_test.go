@@ -38,11 +38,11 @@ func TestKilledUnderLoadLosesNothing(t *testing.T) {
 		load = 19 * time.Second
 	)
 	// An attempt in flight at a kill stays leased for the webhook timeout plus a margin after
-	// the process is gone; the local receiver answers in milliseconds, so a short timeout
-	// brings those attempts back sooner. A killed process's partitions are taken over after
+	// the process is gone; the local receiver answers in milliseconds and the test's Postgres
+	// does not stall, so a short timeout and margin bring those attempts back sooner. A killed process's partitions are taken over after
 	// its leases expire: a short lease TTL lets each restarted process work sooner, so that
 	// the next kill lands on one that owns every partition.
-	s := start(t, "LOCKS_WEBHOOK_TIMEOUT=2s", "LOCKS_LEASE_TTL=3s")
+	s := start(t, "LOCKS_WEBHOOK_TIMEOUT=2s", "LOCKS_WEBHOOK_LEASE_MARGIN=8s", "LOCKS_LEASE_TTL=3s")
 	rcv, err := loadgen.NewReceiver("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

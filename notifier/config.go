@@ -33,6 +33,9 @@ type Config struct {
 	RetrySchedule []time.Duration
 	// WebhookTimeout bounds one attempt (LOCKS_WEBHOOK_TIMEOUT); it is required.
 	WebhookTimeout time.Duration
+	// LeaseMargin is how long a delivery's lease outlasts WebhookTimeout
+	// (LOCKS_WEBHOOK_LEASE_MARGIN, LeaseMarginDefault when zero; at least leaseMargin).
+	LeaseMargin time.Duration
 	// WebhookAllowPrivate allows loopback and private targets (LOCKS_WEBHOOK_ALLOW_PRIVATE).
 	WebhookAllowPrivate bool
 
@@ -82,6 +85,7 @@ func (c *Config) setDefaults() {
 	def(&c.BreakerThreshold, BreakerThresholdDefault)
 	def(&c.MetricsMaxClients, MetricsMaxClientsDefault)
 	defD(&c.PollInterval, PollIntervalDefault)
+	defD(&c.LeaseMargin, LeaseMarginDefault)
 	defD(&c.BreakerCooldown, BreakerCooldownDefault)
 	defD(&c.BreakerMaxCooldown, BreakerMaxCooldownDefault)
 	defD(&c.Retention, RetentionDefault)
@@ -99,6 +103,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("notifier: partitions must be >= 1, got %d", c.PartitionCount)
 	case c.WebhookTimeout <= 0:
 		return fmt.Errorf("notifier: webhook timeout must be positive, got %s", c.WebhookTimeout)
+	case c.LeaseMargin < leaseMargin:
+		return fmt.Errorf("notifier: lease margin must be at least %s, got %s", leaseMargin, c.LeaseMargin)
 	case c.DisableAfter < 0:
 		return fmt.Errorf("notifier: disable-after must be zero (never) or positive, got %s", c.DisableAfter)
 	}

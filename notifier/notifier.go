@@ -99,7 +99,7 @@ func New(cfg Config, d Deps) (*Notifier, error) {
 	n := &Notifier{
 		cfg: cfg, js: d.JS, db: d.PG, log: d.Logger.With("part", "notifier"), clock: clock.Or(d.Clock),
 		policy:    Policy{Schedule: append([]time.Duration(nil), cfg.RetrySchedule...)},
-		lease:     cfg.WebhookTimeout + 30*time.Second,
+		lease:     cfg.WebhookTimeout + cfg.LeaseMargin,
 		send:      newSender(cfg.WebhookTimeout, cfg.WebhookAllowPrivate),
 		ep:        newEndpoints(cfg.PerEndpoint, cfg.BreakerThreshold, cfg.BreakerCooldown, cfg.BreakerMaxCooldown),
 		results:   make(chan result, 2*cfg.MaxInFlight),

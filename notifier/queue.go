@@ -18,6 +18,10 @@ const (
 // row must not be attempted by two processes (another may claim it once the lease expires).
 const leaseMargin = 5 * time.Second
 
+// LeaseMarginDefault is Config.LeaseMargin: how long a delivery's lease outlasts its
+// attempt's timeout, for the outcome to be recorded before another process may send it.
+const LeaseMarginDefault = 30 * time.Second
+
 // depth is how many rows e may hold, attempted or queued: a failing or slow endpoint queues
 // none (its queued rows would wait so long that their leases ran out).
 func (e *endpoint) depth() int {

@@ -171,7 +171,7 @@ func buildPart(name string, d deps) (runner, error) {
 			bridge.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/bridge")})
 	case "notifier":
 		return notifier.New(notifier.Config{PartitionCount: d.cfg.Partitions, Partitions: d.owned(), LeaseTTL: d.cfg.LeaseTTL, RetrySchedule: d.cfg.RetrySchedule,
-			WebhookTimeout: d.cfg.WebhookTimeout, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
+			WebhookTimeout: d.cfg.WebhookTimeout, LeaseMargin: d.cfg.WebhookLeaseMargin, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
 			DisableAfter: d.cfg.EndpointDisableAfter, MetricsMaxClients: d.cfg.MetricsMaxClients,
 			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
 			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})

@@ -68,6 +68,8 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ClickHouseCluster names the ClickHouse cluster the history tables span; empty: one node.
 	ClickHouseCluster string
+	// WebhookLeaseMargin is how long a delivery's lease outlasts its attempt's timeout.
+	WebhookLeaseMargin time.Duration
 	// EndpointDisableAfter disables a webhook endpoint failing without a 2xx this long; 0 never.
 	EndpointDisableAfter time.Duration
 	// MetricsMaxClients bounds the client label of the notifier's per-client metrics.

@@ -37,6 +37,7 @@ func TestBadValuesNameTheVariable(t *testing.T) {
 		"LOCKS_NATS_LISTEN":           "4222",
 		"LOCKS_RETRY_SCHEDULE":        "1s,-2s",
 		"LOCKS_WEBHOOK_TIMEOUT":       "0s",
+		"LOCKS_WEBHOOK_LEASE_MARGIN":  "4s",
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE": "maybe",
 		"LOCKS_PARTITIONS":            "0",
 		"LOCKS_API_TOKENS":            "short",

@@ -182,6 +182,14 @@ func settings() []setting {
 			return nil
 		}},
 		{"LOCKS_WEBHOOK_TIMEOUT", "10s", "one webhook attempt's timeout", dur(func(c *Config) *time.Duration { return &c.WebhookTimeout })},
+		{"LOCKS_WEBHOOK_LEASE_MARGIN", "30s", "how long a delivery's lease outlasts its attempt's timeout (at least 5s): no other process sends it before, so the outcome of an attempt has this long to be recorded; a notifier that dies mid-attempt leaves its deliveries to be sent again after LOCKS_WEBHOOK_TIMEOUT plus this (shorter: resent sooner after a crash; longer: a Postgres stall this long makes no duplicate send)", func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 5*time.Second {
+				return errors.New("not a duration of at least 5s")
+			}
+			c.WebhookLeaseMargin = d
+			return nil
+		}},
 		{"LOCKS_ENDPOINT_DISABLE_AFTER", "24h", "disable a client's endpoint whose attempts all failed (no 2xx at all) for this long; 0: never (docs/contract.md, Webhook controls)", func(c *Config, v string) error {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
