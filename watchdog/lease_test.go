@@ -128,7 +128,9 @@ func (e *env) waitWatchdogOwners(within time.Duration, want map[string]int) {
 // (one in each partition) are declared lost exactly once.
 func TestWatchdogLeaseTakeover(t *testing.T) {
 	t.Parallel()
-	const lostAfter = 3 * time.Second
+	// Well under the default lease TTL: the live sensors' keys expire while their partitions
+	// have no owner.
+	const lostAfter = 2 * time.Second
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
 	a, _ := e.startLeaseChild(t, "a", lostAfter), e.startLeaseChild(t, "b", lostAfter)
@@ -175,9 +177,13 @@ func TestWatchdogLeaseTakeover(t *testing.T) {
 	}()
 	e.waitWatchdogOwners(10*time.Second-time.Since(killed), map[string]int{"b": testPartitions})
 	t.Logf("partitions of the killed watchdog taken over %s after the kill", time.Since(killed).Round(time.Millisecond))
-	// Long enough for every silent sensor's expiry to be settled by the new owner, and for a
-	// second fact of it to show.
-	time.Sleep(4*lostAfter + 5*time.Second - time.Since(killed))
+	// Every silent sensor's expiry settled, by the new owner for the killed one's partitions;
+	// then one more lost_after and the catch-up grace of a held expiry, long enough for a
+	// second fact of a silent sensor, or a fact of a live one judged at the takeover, to show.
+	for _, s := range silent {
+		f.waitFact(s, killed.Add(4*lostAfter+5*time.Second)) // counted below
+	}
+	time.Sleep(lostAfter + CatchUpGraceDefault)
 	close(stop)
 	<-reported
 	for _, s := range live {
