@@ -158,12 +158,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	startChromium()
 	sys := startSystem(t)
-	// The sensor of the lost list reports once now: its lost_after runs out while the browser
-	// signs in.
-	sys.call(t, "POST", "/v1/sensors", map[string]any{"id": "UiLost1", "address": "Hall 1, east door"})
-	sys.reading(t, "UiLost1", 1)
 	dir := artifacts(t)
 	ctx := browser(t)
+	// The sensor of the lost list reports once now: its lost_after runs out while the browser
+	// signs in (a few seconds of the lost_after + 5 s the page has to show it).
+	sys.call(t, "POST", "/v1/sensors", map[string]any{"id": "UiLost1", "address": "Hall 1, east door"})
+	sys.reading(t, "UiLost1", 1)
 
 	t.Run("without a session the page redirects to sign-in", func(t *testing.T) {
 		c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
