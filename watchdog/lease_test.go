@@ -128,9 +128,7 @@ func (e *env) waitWatchdogOwners(within time.Duration, want map[string]int) {
 // (one in each partition) are declared lost exactly once.
 func TestWatchdogLeaseTakeover(t *testing.T) {
 	t.Parallel()
-	// Well under the default lease TTL: the live sensors' keys expire while their partitions
-	// have no owner.
-	const lostAfter = 2 * time.Second
+	const lostAfter = 3 * time.Second
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
 	a, _ := e.startLeaseChild(t, "a", lostAfter), e.startLeaseChild(t, "b", lostAfter)
