@@ -89,8 +89,9 @@ func (e *env) child(crash string, la time.Duration) *testenv.Child {
 
 // crashLeaseTTL is the lease TTL of the crash tests: the restarted watchdog takes the
 // partitions the crashed one held once its leases lapse, which the default TTL would make
-// the longest wait of the test.
-const crashLeaseTTL = 2 * time.Second
+// the longest wait of the test. Renewed every second, a lease still outlives a loaded
+// machine's stalls.
+const crashLeaseTTL = 3 * time.Second
 
 // waitCrashed waits for c to die at its crash point.
 func waitCrashed(t *testing.T, c *testenv.Child) {
