@@ -23,9 +23,11 @@ import (
 )
 
 // The tests mostly wait on their servers (whole systems: lost_after, auto-disable, webhooks): they
-// run side by side, the browser tests in one shared Chromium.
+// run side by side, the browser tests in one shared Chromium. Six at once: the four systems'
+// tests, and the controls test's two parallel checks beside the three others (its own slot
+// is free while they run).
 func TestMain(m *testing.M) {
-	testenv.Parallel(4)
+	testenv.Parallel(6)
 	code := m.Run()
 	closeChromium()
 	os.Exit(code)
