@@ -143,10 +143,18 @@ func TestWatchdogLeaseTakeover(t *testing.T) {
 			live = append(live, s)
 		}
 	}
+	// A round's readings are appended at once, not one after the other: on a loaded machine
+	// twenty appends in a row can take longer than lost_after.
 	report := func(sensors []string) {
+		var wg sync.WaitGroup
 		for _, s := range sensors {
-			e.reading(s)
+			wg.Go(func() {
+				if _, err := e.append(t.Context(), s, ""); err != nil {
+					t.Errorf("append a reading of %s: %v", s, err)
+				}
+			})
 		}
+		wg.Wait()
 	}
 	for range 5 {
 		report(live)
