@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +21,67 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// browser is one headless Chromium for the whole test, each step in its tab; it shares the
-// cookies of the sign-in, as an operator's browser would.
-func browser(t *testing.T) context.Context {
-	t.Helper()
+// chromium is the one headless Chromium of the test binary: the browser tests share its
+// process, each in a browser context of its own (its own cookies, as a separate browser's).
+var chromium struct {
+	once   sync.Once
+	ctx    context.Context
+	cancel func()
+	err    error
+}
+
+// closeChromium stops the shared Chromium, if a test started it.
+func closeChromium() {
+	if chromium.cancel != nil {
+		chromium.cancel()
+	}
+}
+
+// startChromium starts the shared Chromium in the background, so that it starts while the
+// test starts its system; browser waits for it.
+func startChromium() { go chromium.once.Do(launchChromium) }
+
+func launchChromium() {
 	path, err := exec.LookPath("chromium")
 	if err != nil {
-		t.Fatalf("the dashboard's browser tests need Debian's chromium: run deploy/local/services.sh (or apt-get install chromium): %v", err)
+		chromium.err = fmt.Errorf("the dashboard's browser tests need Debian's chromium: run deploy/local/services.sh (or apt-get install chromium): %w", err)
+		return
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.Headless,
 		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
-	alloc, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancel)
-	ctx, cancel2 := chromedp.NewContext(alloc)
-	t.Cleanup(cancel2)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(alloc)
+	chromium.ctx, chromium.cancel = ctx, func() { cancelCtx(); cancelAlloc() }
 	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
+		chromium.err = fmt.Errorf("start chromium: %w", err)
+	}
+}
+
+// browser is a new browser context in the shared Chromium for the whole test, each step in
+// its tab; its tabs share the cookies of the sign-in, as an operator's browser would.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	chromium.once.Do(launchChromium)
+	if chromium.err != nil {
+		t.Fatal(chromium.err)
+	}
+	ctx, cancel := chromedp.NewContext(chromium.ctx, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("open a browser context: %v", err)
 	}
 	return ctx
+}
+
+// tab is another tab of ctx's browser context (the same cookies), closed when t ends.
+func tab(t *testing.T, ctx context.Context) context.Context {
+	t.Helper()
+	c, cancel := chromedp.NewContext(ctx)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(c); err != nil {
+		t.Fatalf("open a tab: %v", err)
+	}
+	return c
 }
 
 // artifacts is where screenshots go: $LOCKS_TEST_ARTIFACTS, or a directory under the
@@ -112,6 +156,7 @@ func clickInPanel(t *testing.T, ctx context.Context, d time.Duration, what, sel 
 // controls beside it, on a system of its own: each waits out its system's timers.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
+	startChromium()
 	sys := startSystem(t)
 	dir := artifacts(t)
 	ctx := browser(t)
@@ -232,18 +277,24 @@ func TestDashboardInBrowser(t *testing.T) {
 }
 
 // The dashboard's webhook controls against a whole running system, in headless Chromium: a
-// dead letter resent from the page, a failing endpoint disabled and re-enabled from it.
+// dead letter resent from the page, a failing endpoint disabled and re-enabled from it. The
+// two concern different clients and sensors and wait on the system's timers (retries, the
+// panels' refresh, disableAfter): they run side by side, each in a tab of the signed-in browser.
 func TestDashboardControlsInBrowser(t *testing.T) {
 	t.Parallel()
+	startChromium()
 	sys := startSystem(t)
 	dir := artifacts(t)
-	ctx := browser(t)
-	step(t, ctx, 30*time.Second, "the dashboard after signing in",
+	signedIn := browser(t)
+	step(t, signedIn, 30*time.Second, "the dashboard after signing in",
 		chromedp.Navigate(sys.base+"/ui/"), chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SendKeys(chromedp.ID("token"), token), chromedp.Click(chromedp.ID("signin")),
 		chromedp.WaitVisible(chromedp.ID("count-online")))
 
 	t.Run("a dead letter resent from the page arrives", func(t *testing.T) {
+		t.Parallel()
+		ctx := tab(t, signedIn)
+		step(t, ctx, 30*time.Second, "the dashboard", chromedp.Navigate(sys.base+"/ui/"), chromedp.WaitVisible(chromedp.ID("count-online")))
 		rcv, clientID := sys.failingClient(t, "Front desk", "UiDead1")
 		sys.reading(t, "UiDead1", 0)
 		// The same reading again and again keeps the sensor online without new events, so the
@@ -281,6 +332,9 @@ func TestDashboardControlsInBrowser(t *testing.T) {
 	})
 
 	t.Run("a failing endpoint is disabled and re-enabled from the page", func(t *testing.T) {
+		t.Parallel()
+		ctx := tab(t, signedIn)
+		step(t, ctx, 30*time.Second, "the dashboard", chromedp.Navigate(sys.base+"/ui/"), chromedp.WaitVisible(chromedp.ID("count-online")))
 		rcv, clientID := sys.failingClient(t, "Night desk", "UiOff1", "UiOff2", "UiOff3")
 		// Each sensor's first reading is its one event: the same reading again keeps it online
 		// (no connection events). The first event's two attempts fail (it goes dead): failing,

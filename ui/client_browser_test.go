@@ -41,6 +41,7 @@ var adminPages = []struct{ method, path string }{
 // with the session's CSRF token too; and deleting the token ends the session.
 func TestClientPageInBrowser(t *testing.T) {
 	t.Parallel()
+	startChromium()
 	sys := startSystem(t)
 	dir := artifacts(t)
 	ctx := browser(t)

@@ -22,8 +22,16 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
-// The tests mostly wait on their servers (whole systems: lost_after, auto-disable, webhooks): they run side by side.
-func TestMain(m *testing.M) { testenv.Main(m, 4) }
+// The tests mostly wait on their servers (whole systems: lost_after, auto-disable, webhooks): they
+// run side by side, the browser tests in one shared Chromium. Six at once: the four systems'
+// tests, and the controls test's two parallel checks beside the three others (its own slot
+// is free while they run).
+func TestMain(m *testing.M) {
+	testenv.Parallel(6)
+	code := m.Run()
+	closeChromium()
+	os.Exit(code)
+}
 
 const token = "ui-test-token-0123456789"
 

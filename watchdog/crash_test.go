@@ -56,7 +56,13 @@ func runChild() int {
 			return 1
 		}
 	}
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: la},
+	var leaseTTL time.Duration
+	if v := os.Getenv("LOCKS_TEST_CHILD_LEASE_TTL"); v != "" {
+		if leaseTTL, err = time.ParseDuration(v); err != nil {
+			return 1
+		}
+	}
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: la, LeaseTTL: leaseTTL},
 		Deps{JS: js, PG: pg, Logger: log, Registerer: prometheus.NewRegistry(),
 			Lag: RabbitLag(os.Getenv("LOCKS_TEST_CHILD_AMQP"), os.Getenv("LOCKS_TEST_CHILD_QUEUE"), 0, 50*time.Millisecond)})
 	if err != nil {
@@ -77,8 +83,15 @@ func (e *env) child(crash string, la time.Duration) *testenv.Child {
 	return testenv.StartChild(e.t, os.Stderr, childEnv+"=1",
 		"LOCKS_TEST_CHILD_NATS="+e.nats.URL, "LOCKS_TEST_CHILD_PG="+e.pgURL,
 		"LOCKS_TEST_CHILD_AMQP="+e.rabbit.URL, "LOCKS_TEST_CHILD_QUEUE="+e.rabbit.Queue,
-		"LOCKS_TEST_CHILD_LOST_AFTER="+la.String(), crashpoint.Env+"="+crash)
+		"LOCKS_TEST_CHILD_LOST_AFTER="+la.String(), "LOCKS_TEST_CHILD_LEASE_TTL="+e.leaseTTL.String(),
+		crashpoint.Env+"="+crash)
 }
+
+// crashLeaseTTL is the lease TTL of the crash tests: the restarted watchdog takes the
+// partitions the crashed one held once its leases lapse, which the default TTL would make
+// the longest wait of the test. Renewed every second, a lease still outlives a loaded
+// machine's stalls.
+const crashLeaseTTL = 3 * time.Second
 
 // waitCrashed waits for c to die at its crash point.
 func waitCrashed(t *testing.T, c *testenv.Child) {
@@ -98,7 +111,7 @@ func waitCrashed(t *testing.T, c *testenv.Child) {
 // the key declared; the restarted watchdog settles the same expiry again: still one fact.
 func TestCrashAfterFact(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, lostAfter)
+	e := newEnvLeases(t, lostAfter, crashLeaseTTL)
 	f := e.collectFacts()
 	child := func(crash string) *testenv.Child { return e.child(crash, lostAfter) }
 	first := child("watchdog.after_fact")
@@ -150,7 +163,7 @@ func TestCrashAfterFact(t *testing.T) {
 func TestCrashBeforePositionWritten(t *testing.T) {
 	t.Parallel()
 	const la = 30 * time.Second // every reading writes its key, none expires during the test
-	e := newEnv(t, la)
+	e := newEnvLeases(t, la, crashLeaseTTL)
 	f := e.collectFacts()
 	child := func(crash string) *testenv.Child { return e.child(crash, la) }
 	var sensors []string

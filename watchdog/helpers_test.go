@@ -31,6 +31,9 @@ type env struct {
 	pgURL  string
 	rabbit *testenv.RabbitEnv
 	lag    LagFunc
+	// leaseTTL is the partition leases' TTL, in the bucket and in every watchdog of the
+	// test (0: lease.TTLDefault).
+	leaseTTL time.Duration
 
 	mu     sync.Mutex
 	bridge context.CancelFunc
@@ -41,11 +44,17 @@ type env struct {
 
 func newEnv(t testing.TB, lostAfter time.Duration) *env {
 	t.Helper()
-	e := &env{t: t, nats: testenv.NATS(t)}
+	return newEnvLeases(t, lostAfter, 0)
+}
+
+// newEnvLeases is newEnv with partition leases of leaseTTL (0: lease.TTLDefault).
+func newEnvLeases(t testing.TB, lostAfter, leaseTTL time.Duration) *env {
+	t.Helper()
+	e := &env{t: t, nats: testenv.NATS(t), leaseTTL: leaseTTL}
 	e.pgURL, e.pg = testenv.Postgres(t)
 	e.rabbit = testenv.RabbitMQ(t)
 	ctx := context.Background()
-	if err := natsx.Declare(ctx, e.nats.JS, natsx.StreamsConfig{Partitions: testPartitions, LostAfter: lostAfter}); err != nil {
+	if err := natsx.Declare(ctx, e.nats.JS, natsx.StreamsConfig{Partitions: testPartitions, LostAfter: lostAfter, LeaseTTL: leaseTTL}); err != nil {
 		t.Fatal(err)
 	}
 	ch, err := e.rabbit.Conn.Channel()
@@ -196,6 +205,9 @@ func (e *env) startOn(cfg Config, js jetstream.JetStream) (*Watchdog, *prometheu
 	if cfg.PartitionCount == 0 {
 		cfg.PartitionCount = testPartitions
 	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = e.leaseTTL
+	}
 	reg := prometheus.NewRegistry()
 	w, err := New(cfg, Deps{JS: js, PG: e.pg, Logger: testenv.Logger(e.t), Registerer: reg, Lag: e.lag})
 	if err != nil {
@@ -209,7 +221,7 @@ func (e *env) startOn(cfg Config, js jetstream.JetStream) (*Watchdog, *prometheu
 // READINGS as settle reads it.
 func (e *env) handDriven(lostAfter time.Duration) (*Watchdog, jetstream.Stream) {
 	e.t.Helper()
-	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter},
+	w, err := New(Config{PartitionCount: testPartitions, LostAfter: lostAfter, LeaseTTL: e.leaseTTL},
 		Deps{JS: e.nats.JS, PG: e.pg, Logger: testenv.Logger(e.t), Registerer: prometheus.NewRegistry(), Lag: e.lag})
 	if err != nil {
 		e.t.Fatal(err)

@@ -13,7 +13,9 @@ import (
 // down, and counted as declared at the bound.
 func TestHeldExpiryDeclaredAtMaxHold(t *testing.T) {
 	t.Parallel()
-	const maxHold = 4 * time.Second
+	// The test waits lost_after, MaxHold and lost_after again: the shortest that are still
+	// clearly apart.
+	const lostAfter, maxHold = 2 * time.Second, 4 * time.Second
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
 	_, reg, _ := e.start(Config{LostAfter: lostAfter, MaxHold: maxHold})

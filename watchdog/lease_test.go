@@ -143,10 +143,18 @@ func TestWatchdogLeaseTakeover(t *testing.T) {
 			live = append(live, s)
 		}
 	}
+	// A round's readings are appended at once, not one after the other: on a loaded machine
+	// twenty appends in a row can take longer than lost_after.
 	report := func(sensors []string) {
+		var wg sync.WaitGroup
 		for _, s := range sensors {
-			e.reading(s)
+			wg.Go(func() {
+				if _, err := e.append(t.Context(), s, ""); err != nil {
+					t.Errorf("append a reading of %s: %v", s, err)
+				}
+			})
 		}
+		wg.Wait()
 	}
 	for range 5 {
 		report(live)
@@ -175,9 +183,13 @@ func TestWatchdogLeaseTakeover(t *testing.T) {
 	}()
 	e.waitWatchdogOwners(10*time.Second-time.Since(killed), map[string]int{"b": testPartitions})
 	t.Logf("partitions of the killed watchdog taken over %s after the kill", time.Since(killed).Round(time.Millisecond))
-	// Long enough for every silent sensor's expiry to be settled by the new owner, and for a
-	// second fact of it to show.
-	time.Sleep(4*lostAfter + 5*time.Second - time.Since(killed))
+	// Every silent sensor's expiry settled, by the new owner for the killed one's partitions;
+	// then one more lost_after and the catch-up grace of a held expiry, long enough for a
+	// second fact of a silent sensor, or a fact of a live one judged at the takeover, to show.
+	for _, s := range silent {
+		f.waitFact(s, killed.Add(4*lostAfter+5*time.Second)) // counted below
+	}
+	time.Sleep(lostAfter + CatchUpGraceDefault)
 	close(stop)
 	<-reported
 	for _, s := range live {

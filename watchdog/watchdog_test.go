@@ -194,6 +194,9 @@ func TestRestartsDuringCountdown(t *testing.T) {
 // held; after the bridge drains the backlog only the stopped one is declared.
 func TestHeldWhileBridgeBehind(t *testing.T) {
 	t.Parallel()
+	// The test waits in multiples of lost_after: the shortest that leaves "keeps" four
+	// readings per lost_after.
+	const lostAfter, every = 2 * time.Second, 500 * time.Millisecond
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
 	_, reg, _ := e.start(Config{LostAfter: lostAfter})
@@ -209,7 +212,7 @@ func TestHeldWhileBridgeBehind(t *testing.T) {
 	}
 	stoppedLast := time.Now()
 	e.stopBridge()
-	// "keeps" publishes every second for the whole test: through the outage and after it.
+	// "keeps" publishes for the whole test: through the outage and after it.
 	publishing := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
@@ -218,7 +221,7 @@ func TestHeldWhileBridgeBehind(t *testing.T) {
 			select {
 			case <-publishing:
 				return
-			case <-time.After(time.Second):
+			case <-time.After(every):
 				e.publishRabbit("keeps", n)
 			}
 		}
@@ -387,15 +390,17 @@ func TestPartitionsSplitBetweenProcesses(t *testing.T) {
 	}
 }
 
-// TestNoStormAfterNATSOutage keeps a few sensors publishing to RabbitMQ every second while
-// NATS is down for 2 × lost_after (the bridge cannot append; what it holds is unacked, so the
-// queue shows no ready backlog): when NATS returns, every key has expired, yet no sensor that
-// kept publishing gets a fact; the one that had really stopped gets one.
+// TestNoStormAfterNATSOutage keeps a few sensors publishing to RabbitMQ four times per
+// lost_after while NATS is down for 2 × lost_after (the bridge cannot append; what it holds is
+// unacked, so the queue shows no ready backlog): when NATS returns, every key has expired, yet
+// no sensor that kept publishing gets a fact; the one that had really stopped gets one.
 func TestNoStormAfterNATSOutage(t *testing.T) {
 	t.Parallel()
+	// The test waits in multiples of lost_after: the shortest with four readings per lost_after.
+	const lostAfter, every = 2 * time.Second, 500 * time.Millisecond
 	e := newEnv(t, lostAfter)
 	f := e.collectFacts()
-	e.start(Config{LostAfter: lostAfter})
+	_, reg, _ := e.start(Config{LostAfter: lostAfter})
 	publishing := []string{"p1", "p2", "p3", "p4", "p5"}
 	for _, s := range append([]string{"gone"}, publishing...) {
 		e.publishRabbit(s, 0)
@@ -408,7 +413,7 @@ func TestNoStormAfterNATSOutage(t *testing.T) {
 			select {
 			case <-stopPublishing:
 				return
-			case <-time.After(time.Second):
+			case <-time.After(every):
 				for _, s := range publishing {
 					e.publishRabbit(s, n)
 				}
@@ -416,7 +421,10 @@ func TestNoStormAfterNATSOutage(t *testing.T) {
 		}
 	}()
 	defer func() { close(stopPublishing); <-publisherDone }()
-	time.Sleep(1500 * time.Millisecond)
+	// Every sensor's key written before the outage.
+	testenv.Eventually(t, 10*time.Second, "the first readings to reach the watchdog", func() bool {
+		return counter(t, reg, "locks_watchdog_refreshes_total") >= 6
+	})
 	e.nats.Restart(2 * lostAfter)
 	back := time.Now()
 	got, ok := f.waitFact("gone", back.Add(10*time.Second))

@@ -47,13 +47,14 @@ func TestFromBuildInfo(t *testing.T) {
 	}
 }
 
-// `locks version` of a binary built as the image builds it: the -X variables show, and the
-// toolchain's own record (Go version) beside them.
+// `locks version` of a binary built as the image builds it (-s -w, which also spares the
+// link its debug information): the -X variables show, and the toolchain's own record (Go
+// version) beside them.
 func TestVersionCommandPrintsLdflags(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "locks")
 	build := exec.Command("go", "build", "-o", bin,
-		"-ldflags", "-X main.version=0.1.0-test -X main.revision=0123456789abcdef0123456789abcdef01234567", ".")
+		"-ldflags", "-s -w -X main.version=0.1.0-test -X main.revision=0123456789abcdef0123456789abcdef01234567", ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
 	}

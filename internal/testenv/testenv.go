@@ -216,7 +216,7 @@ func ensureTemplate(ctx context.Context) (string, error) {
 	return name, nil
 }
 
-// PostgresURL creates a fresh, migrated database for t (dropped at the end) and returns its URL.
+// PostgresURL creates a fresh, migrated database for t (discarded at the end) and returns its URL.
 func PostgresURL(t testing.TB) string {
 	t.Helper()
 	ctx := context.Background()
@@ -247,14 +247,7 @@ func PostgresURL(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("create test database: %v", err)
 	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, pgAdminURL())
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
+	t.Cleanup(func() { discardDatabase(ctx, name) })
 	return strings.Replace(pgAdminURL(), "/postgres?", "/"+name+"?", 1)
 }
 
