@@ -47,7 +47,6 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 	var claimable bool
 	// BEGIN goes with the first batch and COMMIT with the outcomes' (writeOutcomes).
 	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
-		recs = recs[:0]
 		// One round trip for the lock, the outcomes and the endpoints' health (the outbox
 		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
 		// Each row is looked up by its id and sensor (the partition key): by id alone, every
@@ -96,17 +95,7 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 		}); err != nil {
 			return err
 		}
-		claimable = false
-		for _, f := range fins {
-			claimable = claimable || f.state == StatePending || f.others
-			r := resultOf[f.id]
-			if r.aborted {
-				continue
-			}
-			recs = append(recs, event.Attempt{V: event.Version, EventID: r.c.eventID, ClientID: r.c.clientID,
-				SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
-				LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
-		}
+		recs, claimable = recordsOf(fins, resultOf)
 		var err error
 		disabled, err = writeOutcomes(ctx, tx, recs, toDisable(hs, since, disableAfter, now))
 		return err
@@ -115,6 +104,22 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 		return finished{}, fmt.Errorf("finish attempts: %w", err)
 	}
 	return finished{recs: recs, disabled: disabled, claimable: claimable}, nil
+}
+
+// recordsOf is the attempt records of the rows finished (none for an aborted attempt), and
+// whether a row may be claimable after them (finished.claimable).
+func recordsOf(fins []fin, resultOf map[int64]result) (recs []event.Attempt, claimable bool) {
+	for _, f := range fins {
+		claimable = claimable || f.state == StatePending || f.others
+		r := resultOf[f.id]
+		if r.aborted {
+			continue
+		}
+		recs = append(recs, event.Attempt{V: event.Version, EventID: r.c.eventID, ClientID: r.c.clientID,
+			SensorID: r.c.sensorID, Attempt: f.attempts, Time: r.at.UTC(), StatusCode: r.status,
+			LatencyMS: r.latency.Milliseconds(), Error: r.errText, Outcome: outcomeOf(f.state)})
+	}
+	return recs, claimable
 }
 
 // finished is what finish wrote: the attempt records, the clients disabled (with their

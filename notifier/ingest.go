@@ -124,7 +124,7 @@ func (n *Notifier) eventsSpec(in *intake) logread.Spec {
 // transaction, then acknowledges the messages. The transaction commits only while in's epoch
 // is the partition's current one (lease.ErrFenced otherwise).
 func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstream.Msg) (err error) {
-	p, epoch := in.p, in.epoch
+	p := in.p
 	var last uint64 // the stream sequence of batch's last message
 	if md, err := batch[len(batch)-1].Metadata(); err == nil {
 		last = md.Sequence.Stream
@@ -140,57 +140,17 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 		return nil
 	}
 	pos := position{seq: max(in.done, last), stream: in.stream}
-	var created, late int
-	var recs []event.Attempt
 	var tps []string // the intake spans' traceparents, kept on the deliveries while tracing
 	if n.tracer != nil {
 		var spans []trace.Span
 		spans, tps = n.startIntake(ctx, evs, ok)
 		defer func() { endIntake(spans, err) }()
 	}
-	var handed []claimed // leased at intake (handoff.go)
-	pending := 0
-	err = pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
-		handed = nil
-		// The fence first, so that a claim by another process waits for this transaction or
-		// fences it; in the INSERT's round trip.
-		f := fence{
-			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, p) },
-			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, p, epoch) },
-		}
-		ins, rs, lt, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
-		if err != nil {
-			return err
-		}
-		created, recs, late, pending = ins.created, rs, lt, len(ins.ids)
-		l := leasable(ins, n.ep.capacity(n.clock.Now()), n.freeSlots())
-		w := &pgx.Batch{}
-		l.queue(w, n.lease)
-		rest := len(w.QueuedQueries)
-		if err := queueOutbox(w, recs); err != nil {
-			return err
-		}
-		if pos.stream != "" {
-			queuePosition(w, p, pos)
-		}
-		rest = len(w.QueuedQueries) - rest
-		return tx.Commit(ctx, w, func(br pgx.BatchResults) error {
-			cs, err := l.read(br)
-			if err != nil {
-				return err
-			}
-			for range rest {
-				if _, err := br.Exec(); err != nil {
-					return err
-				}
-			}
-			handed = cs
-			return nil
-		})
-	})
+	took, err := n.intakeTx(ctx, in, pos, evs, payloads, tps)
 	if err != nil {
 		return err
 	}
+	created, recs, late, handed := took.ins.created, took.recs, took.late, took.handed
 	in.took(pos.seq)
 	if pos.stream != "" {
 		in.saved, in.savedAt = pos, time.Now()
@@ -215,11 +175,64 @@ func (n *Notifier) ingestBatch(ctx context.Context, in *intake, batch []jetstrea
 	n.m.created.Add(float64(created))
 	n.count(recs)
 	n.handOff(ctx, handed)
-	if len(handed) < pending {
+	if len(handed) < len(took.ins.ids) {
 		poke(n.wake) // rows left to claim
 	}
 	if len(recs) > 0 {
 		n.relay.Wake()
 	}
 	return nil
+}
+
+// intook is what an intake transaction wrote: the deliveries, the attempt records of what
+// they superseded (the first late of them created superseded), and the rows it leased.
+type intook struct {
+	ins    inserted
+	recs   []event.Attempt
+	late   int
+	handed []claimed
+}
+
+// intakeTx writes evs' deliveries, leases those that may go at once (handoff.go), and
+// moves in's position to pos, in one transaction fenced by in's epoch.
+func (n *Notifier) intakeTx(ctx context.Context, in *intake, pos position, evs []event.Event, payloads [][]byte, tps []string) (intook, error) {
+	var t intook
+	err := pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
+		t = intook{}
+		// The fence first, so that a claim by another process waits for this transaction or
+		// fences it; in the INSERT's round trip.
+		f := fence{
+			queue: func(b *pgx.Batch) { lease.QueueCheck(b, Name, in.p) },
+			read:  func(br pgx.BatchResults) error { return lease.ReadCheck(br, Name, in.p, in.epoch) },
+		}
+		ins, recs, late, err := insertDeliveries(ctx, tx, f, evs, payloads, tps)
+		if err != nil {
+			return err
+		}
+		l := leasable(ins, n.ep.capacity(n.clock.Now()), n.freeSlots())
+		w := &pgx.Batch{}
+		l.queue(w, n.lease)
+		rest := len(w.QueuedQueries)
+		if err := queueOutbox(w, recs); err != nil {
+			return err
+		}
+		if pos.stream != "" {
+			queuePosition(w, in.p, pos)
+		}
+		rest = len(w.QueuedQueries) - rest
+		return tx.Commit(ctx, w, func(br pgx.BatchResults) error {
+			cs, err := l.read(br)
+			if err != nil {
+				return err
+			}
+			for range rest {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			t = intook{ins: ins, recs: recs, late: late, handed: cs}
+			return nil
+		})
+	})
+	return t, err
 }
