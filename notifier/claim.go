@@ -3,7 +3,6 @@ package notifier
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -86,23 +85,30 @@ func (c capacity) heldBack(cs []claimed) bool {
 	for _, x := range cs {
 		took[x.clientID]++
 	}
+	room := c.rooms()
 	for client, k := range took {
-		if k >= c.room(client) {
+		if k >= room(client) {
 			return true
 		}
 	}
 	return false
 }
 
-// room is how many attempts client may take under c.
-func (c capacity) room(client string) int {
-	if slices.Contains(c.busy, client) {
-		return 0
+// rooms returns how many attempts a client may take under c.
+func (c capacity) rooms() func(client string) int {
+	free := make(map[string]int, len(c.busy)+len(c.freeClient))
+	for _, b := range c.busy {
+		free[b] = 0
 	}
-	if j := slices.Index(c.freeClient, client); j >= 0 {
-		return int(c.free[j])
+	for j, f := range c.freeClient {
+		free[f] = int(c.free[j])
 	}
-	return c.perClient
+	return func(client string) int {
+		if n, ok := free[client]; ok {
+			return n
+		}
+		return c.perClient
+	}
 }
 
 // claim leases up to limit eligible rows, within each client's capacity, earliest due

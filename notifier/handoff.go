@@ -34,12 +34,13 @@ type intakeLease struct {
 func leasable(ins inserted, c capacity, free int) intakeLease {
 	l := intakeLease{token: rand.Int64(), leasedAt: time.Now()}
 	taken := map[string]int{}
+	room := c.rooms()
 	for i, id := range ins.ids {
 		if len(l.ids) >= free {
 			break
 		}
 		client := ins.clients[i]
-		if taken[client] >= c.room(client) {
+		if taken[client] >= room(client) {
 			continue
 		}
 		taken[client]++

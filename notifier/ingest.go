@@ -209,7 +209,10 @@ func (n *Notifier) intakeTx(ctx context.Context, in *intake, pos position, evs [
 		if err != nil {
 			return err
 		}
-		l := leasable(ins, n.ep.capacity(n.clock.Now()), n.freeSlots())
+		var l intakeLease
+		if free := n.freeSlots(); len(ins.ids) > 0 && free > 0 {
+			l = leasable(ins, n.ep.capacity(n.clock.Now()), free)
+		}
 		w := &pgx.Batch{}
 		l.queue(w, n.lease)
 		rest := len(w.QueuedQueries)
