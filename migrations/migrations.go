@@ -45,10 +45,13 @@ const ConnectTimeout = 10 * time.Second
 
 // postgresConfig parses dsn with each connection attempt bounded by ConnectTimeout.
 func postgresConfig(dsn string) (*pgx.ConnConfig, error) {
-	cfg, err := pgx.ParseConfig(dsn)
+	// Parsed as the process's pool parses it: the pool's own settings (pool_max_conns…)
+	// are taken out, where pgx alone would send them to the server, which refuses them.
+	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("LOCKS_POSTGRES_URL: %w", err)
 	}
+	cfg := pcfg.ConnConfig
 	// An unreachable server surfaces within seconds; the migrations themselves (a table moved
 	// into partitions, another process's run waited for) may take long.
 	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > ConnectTimeout {

@@ -45,11 +45,12 @@ func TestMigrateTwiceIsNoop(t *testing.T) {
 	}
 }
 
-// A database created from scratch by MigratePostgres (not cloned from the test template).
+// A database created from scratch by MigratePostgres (not cloned from the test template), from
+// a URL that also sizes the process's pool, as docs/configuration.md says it may.
 func TestMigrateCreatesDatabase(t *testing.T) {
 	t.Parallel()
 	name := testenv.Name("locks_create")
-	u := strings.Replace(testenv.PostgresAdminURL(), "/postgres?", "/"+name+"?", 1)
+	u := strings.Replace(testenv.PostgresAdminURL(), "/postgres?", "/"+name+"?pool_max_conns=5&", 1)
 	t.Cleanup(func() { testenv.DropPostgresDatabase(t, name) })
 	if err := migrations.MigratePostgres(t.Context(), u, testenv.Logger(t)); err != nil {
 		t.Fatal(err)
