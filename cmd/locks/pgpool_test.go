@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
@@ -16,16 +15,7 @@ import (
 // connection in use.
 func TestPoolCollector(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.PostgresOneConn(t)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(poolCollector{pool})
 
