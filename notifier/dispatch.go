@@ -27,7 +27,7 @@ func (n *Notifier) dispatch(ctx context.Context) {
 	retry := backoff.New(100*time.Millisecond, 5*time.Second)
 	busyLoop := false
 	for ctx.Err() == nil {
-		free := n.cfg.MaxInFlight - int(n.inflight.Load())
+		free := n.slots()
 		if free <= 0 {
 			select {
 			case <-n.slotFreed:
@@ -89,6 +89,9 @@ func (n *Notifier) idle(ctx context.Context, wg *sync.WaitGroup, wait time.Durat
 	}
 }
 
+// slots is how many attempts this process may start now (MaxInFlight less those in flight).
+func (n *Notifier) slots() int { return n.cfg.MaxInFlight - int(n.inflight.Load()) }
+
 // gatherSlots waits briefly for a quarter of the slots to be free: claiming for one or two
 // free slots at a time would cost a claim per delivery. It returns the free slots.
 func (n *Notifier) gatherSlots(ctx context.Context, free int) int {
@@ -97,7 +100,7 @@ func (n *Notifier) gatherSlots(ctx context.Context, free int) int {
 	for free < n.cfg.MaxInFlight/4 {
 		select {
 		case <-n.slotFreed:
-			free = n.cfg.MaxInFlight - int(n.inflight.Load())
+			free = n.slots()
 			continue
 		case <-t.C:
 		case <-ctx.Done():

@@ -30,9 +30,11 @@ type intakeLease struct {
 }
 
 // leasable picks from ins the rows to lease at intake, given the endpoints' capacity and
-// the free attempt slots.
-func leasable(ins inserted, c capacity, free int) intakeLease {
-	l := intakeLease{token: rand.Int64(), leasedAt: time.Now()}
+// the free attempt slots. at is a time before the transaction began, whose now() the lease
+// counts from, as claim's leasedAt: the attempt's room within the lease (work's fresh) is
+// then never overstated.
+func leasable(ins inserted, c capacity, free int, at time.Time) intakeLease {
+	l := intakeLease{token: rand.Int64(), leasedAt: at}
 	taken := map[string]int{}
 	room := c.rooms()
 	for i, id := range ins.ids {
@@ -49,8 +51,9 @@ func leasable(ins inserted, c capacity, free int) intakeLease {
 	return l
 }
 
-// queue queues the lease (queueLease) on b, in the intake's transaction, with its generic
-// plans and sequential scans off.
+// queue queues the lease (queueLease) on b, in the intake's transaction after
+// insertDeliveries, whose settings (pgtx.GenericPlans: sequential scans off, as queueLease
+// needs) hold until the commit.
 func (l intakeLease) queue(b *pgx.Batch, lease time.Duration) {
 	if len(l.ids) > 0 {
 		queueLease(b, l.ids, l.sensors, lease, l.token)
@@ -71,7 +74,7 @@ func (n *Notifier) freeSlots() int {
 	if !n.dispatching.Load() {
 		return 0
 	}
-	return n.cfg.MaxInFlight - int(n.inflight.Load())
+	return n.slots()
 }
 
 // handOff gives the rows leased at intake to the dispatcher; when it is stopping, their
@@ -80,9 +83,9 @@ func (n *Notifier) handOff(ctx context.Context, cs []claimed) {
 	if len(cs) == 0 {
 		return
 	}
-	n.m.intakeLeased.Add(float64(len(cs)))
 	select {
 	case n.handoff <- cs:
+		n.m.intakeLeased.Add(float64(len(cs)))
 	case <-ctx.Done():
 		n.giveBack(ctx, cs)
 	}
@@ -91,7 +94,7 @@ func (n *Notifier) handOff(ctx context.Context, cs []claimed) {
 // startHanded starts the attempts of rows leased at intake within the free slots, and
 // gives back the rest; it reports whether it gave any back (they are for a claim now).
 func (n *Notifier) startHanded(ctx context.Context, wg *sync.WaitGroup, cs []claimed) bool {
-	free := max(0, n.cfg.MaxInFlight-int(n.inflight.Load()))
+	free := max(0, n.slots())
 	gave := len(cs) > free
 	if gave {
 		n.giveBack(ctx, cs[free:])

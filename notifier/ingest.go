@@ -197,6 +197,7 @@ type intook struct {
 // moves in's position to pos, in one transaction fenced by in's epoch.
 func (n *Notifier) intakeTx(ctx context.Context, in *intake, pos position, evs []event.Event, payloads [][]byte, tps []string) (intook, error) {
 	var t intook
+	begun := time.Now()
 	err := pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
 		t = intook{}
 		// The fence first, so that a claim by another process waits for this transaction or
@@ -211,7 +212,7 @@ func (n *Notifier) intakeTx(ctx context.Context, in *intake, pos position, evs [
 		}
 		var l intakeLease
 		if free := n.freeSlots(); len(ins.ids) > 0 && free > 0 {
-			l = leasable(ins, n.ep.capacity(n.clock.Now()), free)
+			l = leasable(ins, n.ep.capacity(n.clock.Now()), free, begun)
 		}
 		w := &pgx.Batch{}
 		l.queue(w, n.lease)
