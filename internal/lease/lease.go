@@ -178,8 +178,8 @@ func (a *Assigner) round(ctx context.Context, work Work) error {
 		switch {
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
 			a.log.Warn("lease taken by another process; partition stopped", "partition", p, "err", err)
+			a.lost.Inc() // counted before the worker sees its stop
 			a.drop(p, false)
-			a.lost.Inc()
 		case err != nil:
 			if ctx.Err() == nil {
 				a.log.Warn("renew lease", "partition", p, "err", err)
