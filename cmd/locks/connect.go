@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,30 +25,69 @@ import (
 	"github.com/lock-sensors/lock-sensors/migrations"
 )
 
-// openPostgres opens the pool the process's parts share, with its metrics and its readiness
-// check; the caller closes it.
-func openPostgres(ctx context.Context, cfg config.Config, targets []string, reg prometheus.Registerer, srv *ops.Server) (*pgxpool.Pool, error) {
+// postgresPools are the process's Postgres pools: the one its parts share and the webhook
+// notifier's own (nil without the notifier). The notifier's statements over
+// notifier_deliveries' partitions are the costliest to plan, and a connection plans them
+// again whenever autovacuum touches a partition: kept on a few connections of their own,
+// they are planned by those few, and no part waits for a connection another holds.
+type postgresPools struct{ shared, notifier *pgxpool.Pool }
+
+func (p postgresPools) Close() {
+	if p.notifier != nil {
+		p.notifier.Close()
+	}
+	p.shared.Close()
+}
+
+// openPostgres opens the process's pools, with their metrics and the readiness check; the
+// caller closes them.
+func openPostgres(ctx context.Context, cfg config.Config, targets []string, reg prometheus.Registerer, srv *ops.Server, log *slog.Logger) (postgresPools, error) {
+	var p postgresPools
+	shared, err := newPool(ctx, cfg, "locks "+strings.Join(targets, ","), 0, []string{"sensor_state"}, log)
+	if err != nil {
+		return p, err
+	}
+	p.shared = shared
+	pools := map[string]*pgxpool.Pool{"shared": shared}
+	if slices.Contains(targets, "notifier") {
+		n := notifierPoolSize(shared.Config().MaxConns)
+		if p.notifier, err = newPool(ctx, cfg, "locks notifier", n, []string{"notifier_deliveries", "sensor_state"}, log); err != nil {
+			shared.Close()
+			return p, err
+		}
+		pools["notifier"] = p.notifier
+	}
+	reg.MustRegister(poolCollector{pools})
+	srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, shared) })
+	return p, nil
+}
+
+// newPool opens a pool named name in pg_stat_activity (unless the URL or PGAPPNAME names it)
+// of size connections (0: poolSize), each warmed on tables when it opens, and opens its first
+// connections.
+func newPool(ctx context.Context, cfg config.Config, name string, size int32, tables []string, log *slog.Logger) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 	if err != nil {
 		return nil, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 	}
-	// Names this process's sessions in pg_stat_activity (and lock waits) unless the URL or
-	// PGAPPNAME already does.
 	if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
-		pcfg.ConnConfig.RuntimeParams["application_name"] = "locks " + strings.Join(targets, ",")
+		pcfg.ConnConfig.RuntimeParams["application_name"] = name
 	}
 	// Short statements over partitioned tables pass the planner's JIT threshold, and
 	// compiling them costs far more than running them. The URL wins.
 	if pcfg.ConnConfig.RuntimeParams["jit"] == "" {
 		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
-	pcfg.MaxConns = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
+	if size == 0 {
+		size = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
+	}
+	pcfg.MaxConns = size
+	pcfg.AfterConnect = warmConnection(tables, log)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
 	}
-	reg.MustRegister(poolCollector{pool})
-	srv.AddCheck("postgres", func(ctx context.Context) error { return migrations.PostgresReady(ctx, pool) })
+	prewarm(ctx, pool, int(min(size, prewarmConns())), log)
 	return pool, nil
 }
 

@@ -175,7 +175,7 @@ func registeredMetrics(t *testing.T) func(string) bool {
 	ns := testenv.NATS(t)
 	_, pg := testenv.Postgres(t)
 	_, ch := testenv.ClickHouse(t)
-	d := deps{cfg: cfg, log: testenv.Logger(t), nc: ns.NC, js: ns.JS, pg: pg, ch: ch, reg: rec, ops: srv, partitions: all, auto: true}
+	d := deps{cfg: cfg, log: testenv.Logger(t), nc: ns.NC, js: ns.JS, pg: pg, notifierPG: pg, ch: ch, reg: rec, ops: srv, partitions: all, auto: true}
 	if err := declareStreams(t.Context(), ns.JS, cfg, ns.URL, natsx.Declare); err != nil {
 		t.Fatal(err)
 	}

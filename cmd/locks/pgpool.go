@@ -1,6 +1,7 @@
 package main
 
 import (
+	"runtime"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,23 +24,33 @@ func poolSize(url string, parsed int32, partitions int) int32 {
 	return max(parsed, int32(partitions+poolSpare))
 }
 
-// poolCollector shows whether the process's one Postgres pool, shared by every part, makes
-// them wait for a connection: acquires that found none idle, and the time spent waiting.
-type poolCollector struct{ pool *pgxpool.Pool }
+// notifierPoolSize is the webhook notifier's own pool (postgresPools): prewarmConns, at most
+// the shared pool's size.
+func notifierPoolSize(shared int32) int32 { return min(shared, prewarmConns()) }
+
+// prewarmConns is how many connections a pool opens at start: pgx's default pool size,
+// max(4, CPUs), and two more.
+func prewarmConns() int32 { return int32(max(4, runtime.NumCPU()) + 2) }
+
+// poolCollector shows whether the process's Postgres pools (label pool: shared, notifier)
+// make the parts wait for a connection: acquires that found none idle, and the time spent
+// waiting.
+type poolCollector struct{ pools map[string]*pgxpool.Pool }
 
 var (
+	poolLabel        = []string{"pool"}
 	poolAcquiresDesc = prometheus.NewDesc("locks_postgres_pool_acquires_total",
-		"Connections taken from the Postgres pool.", nil, nil)
+		"Connections taken from the Postgres pool.", poolLabel, nil)
 	poolEmptyDesc = prometheus.NewDesc("locks_postgres_pool_empty_acquires_total",
-		"Acquires that found no idle connection and waited for one (or for a new one).", nil, nil)
+		"Acquires that found no idle connection and waited for one (or for a new one).", poolLabel, nil)
 	poolWaitDesc = prometheus.NewDesc("locks_postgres_pool_empty_wait_seconds_total",
-		"Time the empty acquires waited for a connection.", nil, nil)
+		"Time the empty acquires waited for a connection.", poolLabel, nil)
 	poolCanceledDesc = prometheus.NewDesc("locks_postgres_pool_canceled_acquires_total",
-		"Acquires given up (their context ended) before a connection was free.", nil, nil)
+		"Acquires given up (their context ended) before a connection was free.", poolLabel, nil)
 	poolMaxDesc = prometheus.NewDesc("locks_postgres_pool_max_conns",
-		"The Postgres pool's size (pool_max_conns in LOCKS_POSTGRES_URL).", nil, nil)
+		"The Postgres pool's size (pool_max_conns in LOCKS_POSTGRES_URL).", poolLabel, nil)
 	poolUsedDesc = prometheus.NewDesc("locks_postgres_pool_acquired_conns",
-		"Connections of the Postgres pool in use now.", nil, nil)
+		"Connections of the Postgres pool in use now.", poolLabel, nil)
 )
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -49,11 +60,13 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.pool.Stat()
-	ch <- prometheus.MustNewConstMetric(poolAcquiresDesc, prometheus.CounterValue, float64(s.AcquireCount()))
-	ch <- prometheus.MustNewConstMetric(poolEmptyDesc, prometheus.CounterValue, float64(s.EmptyAcquireCount()))
-	ch <- prometheus.MustNewConstMetric(poolWaitDesc, prometheus.CounterValue, s.EmptyAcquireWaitTime().Seconds())
-	ch <- prometheus.MustNewConstMetric(poolCanceledDesc, prometheus.CounterValue, float64(s.CanceledAcquireCount()))
-	ch <- prometheus.MustNewConstMetric(poolMaxDesc, prometheus.GaugeValue, float64(s.MaxConns()))
-	ch <- prometheus.MustNewConstMetric(poolUsedDesc, prometheus.GaugeValue, float64(s.AcquiredConns()))
+	for name, pool := range c.pools {
+		s := pool.Stat()
+		ch <- prometheus.MustNewConstMetric(poolAcquiresDesc, prometheus.CounterValue, float64(s.AcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolEmptyDesc, prometheus.CounterValue, float64(s.EmptyAcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolWaitDesc, prometheus.CounterValue, s.EmptyAcquireWaitTime().Seconds(), name)
+		ch <- prometheus.MustNewConstMetric(poolCanceledDesc, prometheus.CounterValue, float64(s.CanceledAcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolMaxDesc, prometheus.GaugeValue, float64(s.MaxConns()), name)
+		ch <- prometheus.MustNewConstMetric(poolUsedDesc, prometheus.GaugeValue, float64(s.AcquiredConns()), name)
+	}
 }

@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lock-sensors/lock-sensors/internal/config"
+	"github.com/lock-sensors/lock-sensors/internal/ops"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -17,7 +20,7 @@ func TestPoolCollector(t *testing.T) {
 	t.Parallel()
 	pool := testenv.PostgresOneConn(t)
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(poolCollector{pool})
+	reg.MustRegister(poolCollector{map[string]*pgxpool.Pool{"shared": pool}})
 
 	held, err := pool.Acquire(t.Context())
 	if err != nil {
@@ -84,4 +87,92 @@ func TestPoolSize(t *testing.T) {
 			t.Errorf("poolSize(%q, %d, %d) = %d, want %d", c.url, c.parsed, c.partitions, got, c.want)
 		}
 	}
+}
+
+// TestOpenPostgresWarmsItsPools: with the notifier among the targets, the process opens a
+// pool of its own for the notifier, of prewarmConns connections at most the shared pool's
+// size; each pool opens its first connections at once, each connection already holding a
+// generic plan over the partitions of its hot tables; the metrics tell the pools apart.
+func TestOpenPostgresWarmsItsPools(t *testing.T) {
+	t.Parallel()
+	u := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		name    string
+		url     string
+		targets []string
+		shared  int32
+		notify  int32 // 0: no pool of the notifier's own
+	}{
+		{"defaults, all parts", u, allTargets, poolSize(u, 0, 16), prewarmConns()},
+		{"pool_max_conns bounds both", u + "&pool_max_conns=2", []string{"notifier", "state"}, 2, 2},
+		{"no notifier", u, []string{"state"}, poolSize(u, 0, 16), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.PostgresURL, cfg.Partitions = tc.url, 16
+			reg := prometheus.NewPedanticRegistry()
+			pools, err := openPostgres(t.Context(), cfg, tc.targets, reg, ops.New("127.0.0.1:0", reg, testenv.Logger(t)), testenv.Logger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pools.Close()
+			if got := pools.shared.Config().MaxConns; got != tc.shared {
+				t.Errorf("shared pool of %d, want %d", got, tc.shared)
+			}
+			if tc.notify == 0 {
+				if pools.notifier != nil {
+					t.Errorf("a notifier pool without the notifier")
+				}
+			} else if pools.notifier == nil || pools.notifier.Config().MaxConns != tc.notify {
+				t.Fatalf("notifier pool %v, want one of %d", pools.notifier, tc.notify)
+			}
+			for name, p := range map[string]*pgxpool.Pool{"shared": pools.shared, "notifier": pools.notifier} {
+				if p == nil {
+					continue
+				}
+				want := min(p.Config().MaxConns, prewarmConns())
+				if got := p.Stat().TotalConns(); got != want {
+					t.Errorf("%s pool opened %d connections at start, want %d", name, got, want)
+				}
+				table := map[string]string{"shared": "sensor_state", "notifier": "notifier_deliveries"}[name]
+				for _, c := range p.AcquireAllIdle(t.Context()) {
+					var plans int64
+					err := c.QueryRow(t.Context(), `SELECT coalesce(sum(generic_plans), 0) FROM pg_prepared_statements
+						WHERE statement LIKE '%FROM "' || $1 || '" WHERE sensor_id%'`, table).Scan(&plans)
+					c.Release()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if plans < 1 {
+						t.Errorf("a connection of the %s pool has no generic plan over %s", name, table)
+					}
+				}
+				if got := gatherLabeled(t, reg, "locks_postgres_pool_max_conns", name); got != float64(p.Config().MaxConns) {
+					t.Errorf("locks_postgres_pool_max_conns{pool=%q} = %v, want %d", name, got, p.Config().MaxConns)
+				}
+			}
+		})
+	}
+}
+
+// gatherLabeled returns the gauge name{pool=pool} in reg (-1: none).
+func gatherLabeled(t *testing.T, reg *prometheus.Registry, name, pool string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "pool" && l.GetValue() == pool {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

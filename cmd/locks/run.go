@@ -137,6 +137,7 @@ type deps struct {
 	nc         *nats.Conn
 	js         jetstream.JetStream
 	pg         *pgxpool.Pool
+	notifierPG *pgxpool.Pool // the notifier's own (postgresPools)
 	ch         driver.Conn
 	reg        prometheus.Registerer
 	ops        *ops.Server
@@ -174,7 +175,7 @@ func buildPart(name string, d deps) (runner, error) {
 			WebhookTimeout: d.cfg.WebhookTimeout, LeaseMargin: d.cfg.WebhookLeaseMargin, WebhookAllowPrivate: d.cfg.WebhookAllowPrivate,
 			DisableAfter: d.cfg.EndpointDisableAfter, MetricsMaxClients: d.cfg.MetricsMaxClients,
 			Retention: d.cfg.NotifierRetention, DeadRetention: deadRetention(d.cfg.NotifierDeadRetention)},
-			notifier.Deps{JS: d.js, PG: d.pg, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})
+			notifier.Deps{JS: d.js, PG: d.notifierPG, Logger: d.log, Registerer: d.reg, Tracer: d.tracing.Tracer("lock-sensors/notifier")})
 	case "state":
 		st, err := state.New(state.Config{Partitions: d.owned(), PartitionCount: d.cfg.Partitions, LeaseTTL: d.cfg.LeaseTTL,
 			SeenInterval: d.cfg.StateSeenInterval},
@@ -278,12 +279,12 @@ func runParts(ctx context.Context, cfg config.Config, o runOptions, log *slog.Lo
 	d := deps{cfg: cfg, log: log, reg: reg, ops: srv, partitions: o.partitions, auto: o.auto, tracing: tr}
 
 	if usePG {
-		pool, err := openPostgres(ctx, cfg, o.targets, reg, srv)
+		pools, err := openPostgres(ctx, cfg, o.targets, reg, srv, log)
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
-		d.pg = pool
+		defer pools.Close()
+		d.pg, d.notifierPG = pools.shared, pools.notifier
 	}
 	if useCH {
 		conn, err := openClickHouse(cfg, srv)

@@ -91,7 +91,7 @@ func settings() []setting {
 			c.AMQPQueue = v
 			return nil
 		}},
-		{"LOCKS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/locks?sslmode=disable", "PostgreSQL URL; pool_max_conns in it sizes the process's one connection pool (default: LOCKS_PARTITIONS + 8, at least max(4, CPUs))", urlOf("postgres", "postgresql")(func(c *Config) *string { return &c.PostgresURL })},
+		{"LOCKS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/locks?sslmode=disable", "PostgreSQL URL; pool_max_conns in it sizes the pool the process's parts share (default: LOCKS_PARTITIONS + 8, at least max(4, CPUs)); the webhook notifier keeps a pool of its own of max(4, CPUs) + 2, at most that size", urlOf("postgres", "postgresql")(func(c *Config) *string { return &c.PostgresURL })},
 		{"LOCKS_CLICKHOUSE_URL", "clickhouse://127.0.0.1:9000/locks", "ClickHouse URL (native protocol)", urlOf("clickhouse", "tcp")(func(c *Config) *string { return &c.ClickHouseURL })},
 		{"LOCKS_CLICKHOUSE_CLUSTER", "", "the ClickHouse cluster (a remote_servers name) whose nodes get replicated history tables with Distributed tables over them; empty: one ClickHouse node (docs/operations.md, Databases beyond one node)", func(c *Config, v string) error {
 			if v != "" {
