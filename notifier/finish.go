@@ -51,37 +51,8 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 		// rows need the outcomes). Rows are locked in id order before the update (see supersede).
 		// Each row is looked up by its id and sensor (the partition key): by id alone, every
 		// partition is searched.
-		// Nested loops off for the update (JIT for the rest of the transaction): it joins its rows with
-		// the outcomes by id, and a plan kept for the statement (generic, taking the
-		// outcomes for 10 rows) compared every row with every outcome, quadratic in the
-		// batch. The LATERAL probes have no other plan and keep theirs. JIT off with it: the
-		// probes' plans then cost more than jit_above_cost, and compiling one took seconds.
-		// Generic plans and no sequential scans for the lock and the update, as in claim.
 		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),
-			set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
-		b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
-			WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, a.ids, a.sensors)
-		b.Queue(`
-			UPDATE notifier_deliveries d SET
-				state = `+finishStateSQL+`,
-				attempts = d.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,
-				next_at = CASE WHEN r.counted AND r.state = 'pending' THEN now() + r.delay * interval '1 microsecond' ELSE d.next_at END,
-				last_status = CASE WHEN r.counted THEN nullif(r.status, 0) ELSE d.last_status END,
-				last_error = CASE WHEN r.counted THEN nullif(r.err, '') ELSE d.last_error END,
-				failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
-				last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
-				lease_until = NULL, lease_token = NULL, updated_at = now()
-			FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[],
-			            $10::text[], $11::text[], $12::text[])
-			     AS r(id, token, state, delay, status, err, counted, latency, if_flagged, if_newer, otherwise)
-			WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
-			RETURNING d.id, d.state, d.attempts, EXISTS (SELECT 1 FROM notifier_deliveries o
-				WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id AND o.state = 'pending' OFFSET 0)`, a.ids, a.sensors, a.tokens, a.states, a.delays, a.statuses, a.errs, a.counted,
-			a.latencies, a.ifFlagged, a.ifNewer, a.otherwise)
-		// The planner's own choices again for the health statements.
-		b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
-			set_config('enable_seqscan', 'on', true)`)
+		queueFinish(b, a)
 		hs := healthOf(rs)
 		if len(hs) > 0 {
 			queueHealth(b, hs)
@@ -104,6 +75,41 @@ func finish(ctx context.Context, db pgtx.Pool, rs []result, disableAfter time.Du
 		return finished{}, fmt.Errorf("finish attempts: %w", err)
 	}
 	return finished{recs: recs, disabled: disabled, claimable: claimable}, nil
+}
+
+// queueFinish queues finish's statements for the rows of a, between the settings they run
+// under (read by readFinish, the health statements after them).
+func queueFinish(b *pgx.Batch, a outcomeArgs) {
+	// Nested loops off for the update (JIT for the rest of the transaction): it joins its rows with
+	// the outcomes by id, and a plan kept for the statement (generic, taking the
+	// outcomes for 10 rows) compared every row with every outcome, quadratic in the
+	// batch. The LATERAL probes have no other plan and keep theirs. JIT off with it: the
+	// probes' plans then cost more than jit_above_cost, and compiling one took seconds.
+	// Generic plans and no sequential scans for the lock and the update, as in claim.
+	b.Queue(`SELECT set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),
+		set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`)
+	b.Queue(`SELECT 1 FROM `+byID+`, LATERAL (SELECT 1 FROM notifier_deliveries d
+		WHERE d.id = k.id AND d.sensor_id = k.sensor_id FOR UPDATE) x`, a.ids, a.sensors)
+	b.Queue(`
+		UPDATE notifier_deliveries d SET
+			state = `+finishStateSQL+`,
+			attempts = d.attempts + CASE WHEN r.counted THEN 1 ELSE 0 END,
+			next_at = CASE WHEN r.counted AND r.state = 'pending' THEN now() + r.delay * interval '1 microsecond' ELSE d.next_at END,
+			last_status = CASE WHEN r.counted THEN nullif(r.status, 0) ELSE d.last_status END,
+			last_error = CASE WHEN r.counted THEN nullif(r.err, '') ELSE d.last_error END,
+			failed_attempts = d.failed_attempts + CASE WHEN r.counted AND r.state IN ('pending', 'dead') THEN 1 ELSE 0 END,
+			last_latency_ms = CASE WHEN r.counted AND r.state <> 'cancelled' THEN r.latency ELSE d.last_latency_ms END,
+			lease_until = NULL, lease_token = NULL, updated_at = now()
+		FROM unnest($1::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::bool[], $9::bigint[],
+		            $10::text[], $11::text[], $12::text[])
+		     AS r(id, token, state, delay, status, err, counted, latency, if_flagged, if_newer, otherwise)
+		WHERE `+byTID+` AND d.id = r.id AND d.lease_token = r.token AND `+pendingTarget+`
+		RETURNING d.id, d.state, d.attempts, EXISTS (SELECT 1 FROM notifier_deliveries o
+			WHERE o.client_id = d.client_id AND o.sensor_id = d.sensor_id AND o.id <> d.id AND o.state = 'pending' OFFSET 0)`, a.ids, a.sensors, a.tokens, a.states, a.delays, a.statuses, a.errs, a.counted,
+		a.latencies, a.ifFlagged, a.ifNewer, a.otherwise)
+	// The planner's own choices again for the health statements.
+	b.Queue(`SELECT set_config('enable_nestloop', 'on', true), set_config('plan_cache_mode', 'auto', true),
+		set_config('enable_seqscan', 'on', true)`)
 }
 
 // recordsOf is the attempt records of the rows finished (none for an aborted attempt), and

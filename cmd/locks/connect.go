@@ -11,6 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -23,6 +24,7 @@ import (
 	"github.com/lock-sensors/lock-sensors/internal/redact"
 	"github.com/lock-sensors/lock-sensors/internal/sdnotify"
 	"github.com/lock-sensors/lock-sensors/migrations"
+	"github.com/lock-sensors/lock-sensors/notifier"
 )
 
 // postgresPools are the process's Postgres pools: the one its parts share and the webhook
@@ -43,7 +45,7 @@ func (p postgresPools) Close() {
 // caller closes them.
 func openPostgres(ctx context.Context, cfg config.Config, targets []string, reg prometheus.Registerer, srv *ops.Server, log *slog.Logger) (postgresPools, error) {
 	var p postgresPools
-	shared, err := newPool(ctx, cfg, "locks "+strings.Join(targets, ","), 0, []string{"sensor_state"}, log)
+	shared, err := newPool(ctx, cfg, "locks "+strings.Join(targets, ","), 0, []string{"sensor_state"}, nil, log)
 	if err != nil {
 		return p, err
 	}
@@ -51,7 +53,7 @@ func openPostgres(ctx context.Context, cfg config.Config, targets []string, reg 
 	pools := map[string]*pgxpool.Pool{"shared": shared}
 	if slices.Contains(targets, "notifier") {
 		n := notifierPoolSize(shared.Config().MaxConns)
-		if p.notifier, err = newPool(ctx, cfg, "locks notifier", n, []string{"notifier_deliveries", "sensor_state"}, log); err != nil {
+		if p.notifier, err = newPool(ctx, cfg, "locks notifier", n, []string{"notifier_deliveries", "sensor_state"}, notifier.Warm, log); err != nil {
 			shared.Close()
 			return p, err
 		}
@@ -63,9 +65,9 @@ func openPostgres(ctx context.Context, cfg config.Config, targets []string, reg 
 }
 
 // newPool opens a pool named name in pg_stat_activity (unless the URL or PGAPPNAME names it)
-// of size connections (0: poolSize), each warmed on tables when it opens, and opens its first
-// connections.
-func newPool(ctx context.Context, cfg config.Config, name string, size int32, tables []string, log *slog.Logger) (*pgxpool.Pool, error) {
+// of size connections (0: poolSize), each warmed on tables and by plans when it opens
+// (warmConnection), and opens its first connections.
+func newPool(ctx context.Context, cfg config.Config, name string, size int32, tables []string, plans func(context.Context, *pgx.Conn) error, log *slog.Logger) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 	if err != nil {
 		return nil, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))
@@ -82,7 +84,7 @@ func newPool(ctx context.Context, cfg config.Config, name string, size int32, ta
 		size = poolSize(cfg.PostgresURL, pcfg.MaxConns, cfg.Partitions)
 	}
 	pcfg.MaxConns = size
-	pcfg.AfterConnect = warmConnection(tables, log)
+	pcfg.AfterConnect = warmConnection(tables, plans, log)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("LOCKS_POSTGRES_URL=%s: %w", redact.URL(cfg.PostgresURL), redact.Error(err, cfg.PostgresURL))

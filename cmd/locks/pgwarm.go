@@ -21,8 +21,9 @@ const prewarmTimeout = 10 * time.Second
 
 // warmConnection returns a pool's AfterConnect: on each new connection, before any part uses
 // it, a look-up over each of tables with a generic plan, which opens every partition and
-// index of the table. A failure is logged and left: the connection works without it.
-func warmConnection(tables []string, log *slog.Logger) func(context.Context, *pgx.Conn) error {
+// index of the table, then plans (nil: nothing more). A failure is logged and left: the
+// connection works without it.
+func warmConnection(tables []string, plans func(context.Context, *pgx.Conn) error, log *slog.Logger) func(context.Context, *pgx.Conn) error {
 	return func(ctx context.Context, c *pgx.Conn) error {
 		err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, pgtx.GenericPlans); err != nil {
@@ -35,6 +36,9 @@ func warmConnection(tables []string, log *slog.Logger) func(context.Context, *pg
 			}
 			return nil
 		})
+		if err == nil && plans != nil {
+			err = plans(ctx, c)
+		}
 		if err != nil && ctx.Err() == nil {
 			log.Debug("warm a new Postgres connection", "tables", tables, "err", err)
 		}
