@@ -1,0 +1,36 @@
+-- +goose Up
+-- A vacuum or analyze of a partition makes every connection plan its statements over the
+-- whole table again (each plan covers every partition), which costs Postgres a second or two
+-- of CPU with all connections busy, and webhooks wait meanwhile. With the default threshold of
+-- 50 rows, each busy partition was vacuumed and analyzed at every autovacuum round (once a
+-- minute), even with a few hundred rows. A partition now waits for 5,000 changed rows (or its
+-- scale factor, on a large one): the rounds that touch it come several times less often at an
+-- ordinary load, and a few thousand dead rows per partition cost nothing to keep.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    p regclass;
+BEGIN
+    FOR p IN SELECT relid FROM pg_partition_tree('sensor_state') WHERE isleaf
+             UNION ALL
+             SELECT relid FROM pg_partition_tree('notifier_deliveries') WHERE isleaf LOOP
+        EXECUTE format('ALTER TABLE %s SET (autovacuum_vacuum_threshold = 5000, autovacuum_analyze_threshold = 5000)', p);
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+-- +goose StatementBegin
+DO $$
+DECLARE
+    p regclass;
+BEGIN
+    FOR p IN SELECT relid FROM pg_partition_tree('sensor_state') WHERE isleaf
+             UNION ALL
+             SELECT relid FROM pg_partition_tree('notifier_deliveries') WHERE isleaf LOOP
+        EXECUTE format('ALTER TABLE %s RESET (autovacuum_vacuum_threshold, autovacuum_analyze_threshold)', p);
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
