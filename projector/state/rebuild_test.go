@@ -109,7 +109,9 @@ func afterRebuild(t testing.TB, e *stateEnv, res rebuild.Result) {
 		t.Errorf("old table %q", res.OldTable)
 	}
 	// The swapped-in table is partitioned as migration 00070 made sensor_state, under the
-	// names the migration gave, so that the next rebuild's shadow finds them free.
+	// names the migration gave, so that the next rebuild's shadow finds them free, and its
+	// partitions keep their storage settings (00070's fillfactor, 00190's autovacuum
+	// thresholds).
 	var key, parts, shadowNamed string
 	if err := e.pg.QueryRow(t.Context(), `SELECT coalesce(pg_get_partkeydef('sensor_state'::regclass), ''),
 			coalesce((SELECT string_agg(c.relname || ' ' || pg_get_expr(c.relpartbound, c.oid) || ' ' || array_to_string(c.reloptions, ','), '; ' ORDER BY c.relname)
@@ -119,8 +121,9 @@ func afterRebuild(t testing.TB, e *stateEnv, res rebuild.Result) {
 					(SELECT 'sensor_state'::regclass UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = 'sensor_state'::regclass)), '')`).Scan(&key, &parts, &shadowNamed); err != nil {
 		t.Fatal(err)
 	}
-	if key != "HASH (sensor_id)" || !strings.HasPrefix(parts, "sensor_state_p00 FOR VALUES WITH (modulus 16, remainder 0) fillfactor=70; sensor_state_p01 ") ||
-		strings.Count(parts, "fillfactor=70") != 16 || strings.Contains(parts, "rebuild") || shadowNamed != "" {
+	const opts = "fillfactor=70,autovacuum_vacuum_threshold=5000,autovacuum_analyze_threshold=5000"
+	if key != "HASH (sensor_id)" || !strings.HasPrefix(parts, "sensor_state_p00 FOR VALUES WITH (modulus 16, remainder 0) "+opts+"; sensor_state_p01 ") ||
+		strings.Count(parts, opts) != 16 || strings.Contains(parts, "rebuild") || shadowNamed != "" {
 		t.Errorf("sensor_state after the swap: partitioned by %q, partitions %q, indexes with the shadow's names %q", key, parts, shadowNamed)
 	}
 }
