@@ -96,6 +96,11 @@ func TestPoolSize(t *testing.T) {
 func TestOpenPostgresWarmsItsPools(t *testing.T) {
 	t.Parallel()
 	u := testenv.PostgresURL(t)
+	parsed, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := poolSize(u, parsed.MaxConns, 16) // pgx's default, raised to the partitions'
 	for _, tc := range []struct {
 		name    string
 		url     string
@@ -103,9 +108,9 @@ func TestOpenPostgresWarmsItsPools(t *testing.T) {
 		shared  int32
 		notify  int32 // 0: no pool of the notifier's own
 	}{
-		{"defaults, all parts", u, allTargets, poolSize(u, 0, 16), prewarmConns()},
+		{"defaults, all parts", u, allTargets, shared, min(shared, prewarmConns())},
 		{"pool_max_conns bounds both", u + "&pool_max_conns=2", []string{"notifier", "state"}, 2, 2},
-		{"no notifier", u, []string{"state"}, poolSize(u, 0, 16), 0},
+		{"no notifier", u, []string{"state"}, shared, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()

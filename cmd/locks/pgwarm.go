@@ -40,7 +40,7 @@ func warmConnection(tables []string, plans func(context.Context, *pgx.Conn) erro
 			err = plans(ctx, c)
 		}
 		if err != nil && ctx.Err() == nil {
-			log.Debug("warm a new Postgres connection", "tables", tables, "err", err)
+			log.Warn("could not warm a new Postgres connection; its first statements will be slower", "tables", tables, "err", err)
 		}
 		return nil
 	}

@@ -1,11 +1,12 @@
 -- +goose Up
 -- A vacuum or analyze of a partition makes every connection plan its statements over the
--- whole table again (each plan covers every partition), which costs Postgres a second or two
--- of CPU with all connections busy, and webhooks wait meanwhile. With the default threshold of
--- 50 rows, each busy partition was vacuumed and analyzed at every autovacuum round (once a
--- minute), even with a few hundred rows. A partition now waits for 5,000 changed rows (or its
--- scale factor, on a large one): the rounds that touch it come several times less often at an
--- ordinary load, and a few thousand dead rows per partition cost nothing to keep.
+-- whole table again (each plan covers every partition), which with all connections busy costs
+-- Postgres more CPU than the statements themselves, and webhooks wait meanwhile. With the
+-- default threshold of 50 rows, each busy partition was vacuumed and analyzed at every
+-- autovacuum round (once a minute), even with a few hundred rows. A partition now waits for
+-- 5,000 changed rows (or its scale factor, on a large one): the rounds that touch it come
+-- several times less often at an ordinary load, and a few thousand dead rows per partition
+-- cost nothing to keep.
 -- +goose StatementBegin
 DO $$
 DECLARE
