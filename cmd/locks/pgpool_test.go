@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/lock-sensors/lock-sensors/internal/config"
 	"github.com/lock-sensors/lock-sensors/internal/ops"
@@ -152,32 +155,16 @@ func TestOpenPostgresWarmsItsPools(t *testing.T) {
 						t.Errorf("a connection of the %s pool has no generic plan over %s", name, table)
 					}
 				}
-				if got := gatherLabeled(t, reg, "locks_postgres_pool_max_conns", name); got != float64(p.Config().MaxConns) {
-					t.Errorf("locks_postgres_pool_max_conns{pool=%q} = %v, want %d", name, got, p.Config().MaxConns)
-				}
+			}
+			want := "# HELP locks_postgres_pool_max_conns The Postgres pool's size (pool_max_conns in LOCKS_POSTGRES_URL).\n" +
+				"# TYPE locks_postgres_pool_max_conns gauge\n"
+			if tc.notify > 0 {
+				want += fmt.Sprintf("locks_postgres_pool_max_conns{pool=\"notifier\"} %d\n", tc.notify)
+			}
+			want += fmt.Sprintf("locks_postgres_pool_max_conns{pool=\"shared\"} %d\n", tc.shared)
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "locks_postgres_pool_max_conns"); err != nil {
+				t.Error(err)
 			}
 		})
 	}
-}
-
-// gatherLabeled returns the gauge name{pool=pool} in reg (-1: none).
-func gatherLabeled(t *testing.T, reg *prometheus.Registry, name, pool string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "pool" && l.GetValue() == pool {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return -1
 }
