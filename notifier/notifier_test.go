@@ -69,8 +69,11 @@ func TestRetryThenSuccess(t *testing.T) {
 	}
 	g1, g2 := hs[1].at.Sub(hs[0].at), hs[2].at.Sub(hs[1].at)
 	t.Logf("gaps %s, %s", g1, g2)
-	if g1 < 200*time.Millisecond || g2 < 400*time.Millisecond || g2 <= g1 {
-		t.Errorf("gaps %s, %s: want ≥200ms, then ≥400ms and growing", g1, g2)
+	// The schedule's steps are lower bounds: an attempt is never early. A gap may run long
+	// on a busy machine (another package's tests beside these), so the second need not be
+	// longer than the first as measured.
+	if g1 < 200*time.Millisecond || g2 < 400*time.Millisecond {
+		t.Errorf("gaps %s, %s: want ≥200ms, then ≥400ms", g1, g2)
 	}
 	if got := outcomes(e.records("c1")); got != "1:retry,2:retry,3:delivered" {
 		t.Errorf("attempt records %s", got)
