@@ -7,15 +7,22 @@
 -- 5,000 changed rows (or its scale factor, on a large one): the rounds that touch it come
 -- several times less often at an ordinary load, and a few thousand dead rows per partition
 -- cost nothing to keep.
+-- A threshold already set on a partition (by hand) is left as it is.
 -- +goose StatementBegin
 DO $$
 DECLARE
     p regclass;
+    opt text;
 BEGIN
     FOR p IN SELECT relid FROM pg_partition_tree('sensor_state') WHERE isleaf
              UNION ALL
              SELECT relid FROM pg_partition_tree('notifier_deliveries') WHERE isleaf LOOP
-        EXECUTE format('ALTER TABLE %s SET (autovacuum_vacuum_threshold = 5000, autovacuum_analyze_threshold = 5000)', p);
+        FOREACH opt IN ARRAY ARRAY['autovacuum_vacuum_threshold', 'autovacuum_analyze_threshold'] LOOP
+            IF NOT EXISTS (SELECT 1 FROM pg_class c, unnest(c.reloptions) o
+                           WHERE c.oid = p AND o LIKE opt || '=%') THEN
+                EXECUTE format('ALTER TABLE %s SET (%s = 5000)', p, opt);
+            END IF;
+        END LOOP;
     END LOOP;
 END
 $$;
