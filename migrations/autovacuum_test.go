@@ -1,15 +1,10 @@
 package migrations_test
 
 import (
-	"database/sql"
 	"strings"
 	"testing"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the pgx driver for database/sql, as goose needs
-	"github.com/pressly/goose/v3"
-
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
-	"github.com/lock-sensors/lock-sensors/migrations"
 )
 
 // TestAutovacuumThresholdsKeepHandTuning: migration 00190 gives every partition of the hot
@@ -19,15 +14,7 @@ func TestAutovacuumThresholdsKeepHandTuning(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	u, pool := testenv.Postgres(t)
-	db, err := sql.Open("pgx", u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.Postgres())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := postgresMigrations(t, u)
 	if _, err := p.DownTo(ctx, 180); err != nil {
 		t.Fatal(err)
 	}
