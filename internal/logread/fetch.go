@@ -95,12 +95,10 @@ func (r *Reader) pull(ctx context.Context, n int, wait time.Duration) (msgs []je
 	// means a consumer without a leader (or an answer lost): read again from a new one.
 	unanswered = err == nil && len(msgs) == 0 && time.Since(asked) >= noWaitUnanswered
 	if err == nil && len(msgs) == 0 && wait > 0 && !unanswered {
-		// nats.go ends the server's side of the pull at nine tenths of the context's time:
-		// the context gets a ninth more than wait, so that the server waits for wait and
-		// what it sends at the end still arrives before the pull is given up.
-		fctx, cancel := context.WithTimeout(ctx, wait+wait/9)
-		msgs, err = Drain(r.cons.Fetch(1, jetstream.FetchContext(fctx)))
-		cancel()
+		var b jetstream.MessageBatch
+		if b, err = r.cons.Fetch(1, jetstream.FetchMaxWait(wait)); err == nil {
+			msgs, err = r.drainUntil(ctx, b)
+		}
 		if md, merr := firstMeta(msgs); err == nil && merr == nil && md.NumPending > 0 && n > 1 {
 			more, merr := Drain(r.cons.FetchNoWait(ask(n-1, md.NumPending)))
 			msgs, err = append(msgs, more...), merr
@@ -212,6 +210,31 @@ func (r *Reader) checkLoss(ctx context.Context) string {
 		return fmt.Sprintf("the NATS connection was lost with %d deliveries in flight", info.Delivered.Consumer-r.cseq)
 	}
 	return ""
+}
+
+// drainUntil collects a batch fetched with FetchMaxWait, or what came of it until ctx is
+// done. Such a pull ends with the server's own end-of-pull status, which comes after any
+// message it sent, so a message sent as the wait runs out is never lost to a pull the client
+// gave up first (as with a context's deadline, which left a busy machine a ninth of the wait
+// to read it). A pull left when ctx ends may still deliver: the run is checked before the
+// next one (checkLoss).
+func (r *Reader) drainUntil(ctx context.Context, b jetstream.MessageBatch) ([]jetstream.Msg, error) {
+	var out []jetstream.Msg
+	for {
+		select {
+		case m, ok := <-b.Messages():
+			if !ok {
+				if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+					return out, err
+				}
+				return out, nil
+			}
+			out = append(out, m)
+		case <-ctx.Done():
+			r.lost = true
+			return out, ctx.Err()
+		}
+	}
 }
 
 // Drain collects a fetched batch; the end of the messages (ErrNoMessages) is no error.

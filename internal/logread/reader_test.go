@@ -2,6 +2,7 @@ package logread
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -368,4 +369,44 @@ func TestReaderReadsThroughAStandInWhileItsDurableDoesNotAnswer(t *testing.T) {
 		}
 		return names.Err() == nil && len(all) == 1 && all[0] == "dur"
 	})
+}
+
+// A client that reads what the server sends late (a busy machine) loses nothing to a pull
+// that runs out as a message is sent: the pull ends with the server's own end-of-pull
+// status, which comes after the message, not at a deadline of the client's. Messages are
+// published at random moments of the readers' waits; every one comes once, in order, and
+// the run never breaks.
+func TestReaderLosesNothingToALateClient(t *testing.T) {
+	t.Parallel()
+	const (
+		msgs  = 15
+		delay = 100 * time.Millisecond
+		wait  = 200 * time.Millisecond
+	)
+	ns := oneReadingsPartition(t)
+	proxy := testenv.NewNATSProxy(t, ns.URL)
+	proxy.Delay(delay)
+	r, gaps := openDurable(t, proxy.URL)
+	rnd := rand.New(rand.NewPCG(29, 1))
+	go func() {
+		for i := range msgs {
+			time.Sleep(150*time.Millisecond + time.Duration(rnd.Int64N(int64(300*time.Millisecond))))
+			if _, err := ns.JS.Publish(t.Context(), natsx.ReadingsSubject("s"+strconv.Itoa(i)), []byte("{}")); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var got []uint64
+	for deadline := time.Now().Add(30 * time.Second); len(got) < msgs && time.Now().Before(deadline); {
+		got = append(got, fetchAcked(t, r, wait)...)
+	}
+	for i, seq := range got {
+		if seq != uint64(i+1) {
+			t.Fatalf("sequences %v: want 1..%d once each, in order", got, msgs)
+		}
+	}
+	if len(got) != msgs || len(*gaps) != 0 {
+		t.Fatalf("%d messages (want %d), broken runs reported %q (want none)", len(got), msgs, *gaps)
+	}
 }

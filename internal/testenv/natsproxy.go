@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // NATSProxy stands between a part's NATS connection and the server, on loopback, and can
@@ -25,6 +26,7 @@ type NATSProxy struct {
 	loses map[*lose]bool
 	conns []net.Conn
 	held  bool // messages from the server are lost while held
+	delay time.Duration
 }
 
 type lose struct {
@@ -116,6 +118,14 @@ func (p *NATSProxy) Lose(match func(subject, reply string, body []byte) bool) (s
 	}
 }
 
+// Delay holds what the server sends for d before the client gets it, in order: a client on
+// a busy machine, or far from its server. Set it before the client connects.
+func (p *NATSProxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
+}
+
 // Cut closes every connection through the proxy, as the death of the NATS node would; the
 // parts reconnect through it.
 func (p *NATSProxy) Cut() {
@@ -164,7 +174,16 @@ func (p *NATSProxy) accept() {
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
-		go func() { p.serverToClient(s, c); _ = c.Close() }()
+		p.mu.Lock()
+		delay := p.delay
+		p.mu.Unlock()
+		go func() {
+			if delay > 0 {
+				c = delayed(c, delay)
+			}
+			p.serverToClient(s, c)
+			_ = c.Close()
+		}()
 	}
 }
 
@@ -208,4 +227,46 @@ func (p *NATSProxy) serverToClient(s, c net.Conn) {
 			}
 		}
 	}
+}
+
+// delayedConn writes to its connection what it is given d later, in order.
+type delayedConn struct {
+	net.Conn
+	chunks chan delayedChunk
+	done   chan struct{}
+	close  sync.Once
+}
+
+type delayedChunk struct {
+	at time.Time
+	b  []byte
+}
+
+func delayed(c net.Conn, d time.Duration) net.Conn {
+	dc := &delayedConn{Conn: c, chunks: make(chan delayedChunk, 4096), done: make(chan struct{})}
+	go func() {
+		defer close(dc.done)
+		for ch := range dc.chunks {
+			time.Sleep(time.Until(ch.at.Add(d)))
+			if _, err := c.Write(ch.b); err != nil {
+				return
+			}
+		}
+	}()
+	return dc
+}
+
+func (dc *delayedConn) Write(b []byte) (int, error) {
+	select {
+	case dc.chunks <- delayedChunk{at: time.Now(), b: append([]byte(nil), b...)}:
+		return len(b), nil
+	case <-dc.done:
+		return 0, net.ErrClosed
+	}
+}
+
+// Close is called by the goroutine that writes (serverToClient), once it is done.
+func (dc *delayedConn) Close() error {
+	dc.close.Do(func() { close(dc.chunks) })
+	return dc.Conn.Close()
 }
