@@ -55,3 +55,48 @@ func TestStateLostPullAnswerAppliesInOrder(t *testing.T) {
 		t.Fatalf("EVENTS revisions %v, want 1..%d in order", got, readings)
 	}
 }
+
+// A run that breaks while readings wait in memory (liveness deferred, the checkpoint behind
+// them) resumes after what memory applied: those readings are not read again, no
+// transaction replays their liveness, and when it is due it is written as the log says.
+func TestStateBrokenRunKeepsWhatMemoryApplied(t *testing.T) {
+	t.Parallel()
+	e := newStateEnv(t, 1)
+	e.seen = 20 * time.Second // not due on its own while the test looks
+	clk := testenv.ClockAhead(0)
+	e.clock = clk
+	proxy := testenv.NewNATSProxy(t, e.nats.URL)
+	e.runState(t, testenv.JetStream(t, proxy.URL, "state"), partition.All(e.n))
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	reading := func(id string, k int) event.Log {
+		tm := at.Add(time.Duration(k) * time.Millisecond)
+		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: 0, Time: tm, ReceivedTime: tm,
+			MessageID: fmt.Sprint(id, "-", k)}
+	}
+	var pub statePublished
+	e.publish(t, e.nats.JS, []event.Log{reading("a", 0), reading("b", 1)}, &pub)
+	e.waitCaughtUp(t, &pub, 10*time.Second)
+	before := e.commits(t)
+
+	// Repeats, each in a pull of its own; the fourth delivery from now is lost in flight.
+	dropped := proxy.DropNth(fmt.Sprintf("$JS.ACK.%s.%s.", natsx.ReadingsStream, consumerName(0)), 4)
+	const repeats = 8
+	for k := range repeats {
+		e.publish(t, e.nats.JS, []event.Log{reading([]string{"a", "b"}[k%2], 2+k)}, &pub)
+		testenv.Eventually(t, 10*time.Second, "the repeat applied", func() bool { return e.appliedSeqs(t)[0] == pub.maxSeq[0] })
+	}
+	select {
+	case <-dropped:
+	default:
+		t.Fatal("the proxy lost nothing: the test shows nothing")
+	}
+	if n := e.commits(t) - before; n != 0 {
+		t.Errorf("%d transactions after the broken run, want none: memory kept what it applied", n)
+	}
+	if v := stateCounterValueOf(t, e, "locks_state_seen_replayed_total"); v != 0 {
+		t.Errorf("locks_state_seen_replayed_total %.0f, want 0", v)
+	}
+	clk.Add(e.seen)
+	waitRowsExact(t, e, &pub, 5*time.Second)
+	checkStateAgainstModel(t, e, &pub)
+}

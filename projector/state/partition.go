@@ -165,6 +165,13 @@ func (w *partitionWorker) resume(ctx context.Context) (uint64, error) {
 	if err := checkCheckpoint(Name, w.p, ck.seq, ck.stream, pos); err != nil {
 		return 0, err
 	}
+	if c := w.cache; !c.stale && c.ahead() && c.cp == ck.seq && c.stream == pos.id && c.applied <= pos.lastSeq {
+		// The run broke while memory held readings beyond the checkpoint this process left,
+		// which the stream still has: they are not read again, and their deferred liveness
+		// stays in memory rather than being dropped and replayed from READINGS.
+		w.log.Debug("READINGS consumer starts after the readings applied in memory", "checkpoint", ck.seq, "applied", c.applied)
+		return c.applied + 1, nil
+	}
 	// The batches' transactions hold the checkpoint to this stream.
 	if w.cache.stream != pos.id {
 		w.cache.counted = 0 // another stream numbers its readings afresh

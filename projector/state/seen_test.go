@@ -271,18 +271,7 @@ func TestStateRepeatsOpenNoTransaction(t *testing.T) {
 	}
 	e.publish(t, e.nats.JS, first, &pub)
 	e.waitCaughtUp(t, &pub, 20*time.Second)
-	transactions := func() uint64 {
-		mfs, err := e.reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() == "locks_state_commit_seconds" {
-				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
-			}
-		}
-		return 0
-	}
+	transactions := func() uint64 { return e.commits(t) }
 	before, rows := transactions(), loadStateRows(t, e.pg)
 	cps := map[int]uint64{}
 	for p, seq := range pub.maxSeq {
@@ -463,6 +452,21 @@ func TestStateSeenExactAfterCrash(t *testing.T) {
 	if pending != 0 {
 		t.Errorf("after a clean stop %d checkpoints still have liveness pending", pending)
 	}
+}
+
+// commits is how many transactions the projector committed (locks_state_commit_seconds).
+func (e *stateEnv) commits(t *testing.T) uint64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "locks_state_commit_seconds" {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
 }
 
 func stateCounterValueOf(t *testing.T, e *stateEnv, name string) float64 {
