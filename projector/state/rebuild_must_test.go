@@ -105,6 +105,9 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 	logs := rebuildLog(3, sensors, count)
 	rebuildPublishFast(t, e.nats.NC, e.n, rebuildSliceGen(logs), &pub)
 	t.Logf("%s: %d messages published", time.Since(t0).Round(time.Millisecond), len(logs))
+	// Live at the default liveness interval: rows are written per change, and the liveness
+	// of repeats once it is due.
+	e.seen = SeenIntervalDefault
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	hist, err := history.New(history.Config{Partitions: partition.All(e.n), BatchSize: 20_000, FlushInterval: 100 * time.Millisecond},
 		history.Deps{JS: e.nats.JS, CH: ch, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry()})
@@ -136,7 +139,8 @@ func TestRebuild200kEqualsLive(t *testing.T) {
 		return want > 0 && uint64(rows) == want && received.Load() >= int64(want) &&
 			chCount(t, ch, `SELECT toUInt64(count(DISTINCT event_id)) FROM deliveries`) == want
 	})
-	t.Logf("%s: live projections caught up, deliveries settled", time.Since(t0).Round(time.Millisecond))
+	e.waitSeenWritten(t, 2*SeenIntervalDefault)
+	t.Logf("%s: live projections caught up, deliveries settled, liveness written", time.Since(t0).Round(time.Millisecond))
 	liveState := loadStateTable(t, e, "sensor_state")
 	lost := 0
 	for _, r := range liveState {
