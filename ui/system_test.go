@@ -39,6 +39,10 @@ const token = "ui-test-token-0123456789"
 // its last reading.
 const lostAfter = 3 * time.Second
 
+// uiRefresh is the panels' reload period (LOCKS_UI_REFRESH): short, so that what a test
+// changes shows on the page soon.
+const uiRefresh = 500 * time.Millisecond
+
 // disableAfter is short so that the auto-disable test is quick: an endpoint whose attempts
 // all failed this long is disabled.
 const disableAfter = 3 * time.Second
@@ -70,7 +74,7 @@ func startSystem(t *testing.T) *system {
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE=true", "LOCKS_HISTORY_FLUSH_INTERVAL=100ms",
 		// Two quick attempts, then dead: the dead-letter test needs one soon.
 		"LOCKS_RETRY_SCHEDULE=100ms", "LOCKS_WEBHOOK_TIMEOUT=2s", "LOCKS_ALERT_INTERVAL=1s",
-		"LOCKS_ENDPOINT_DISABLE_AFTER="+disableAfter.String())
+		"LOCKS_ENDPOINT_DISABLE_AFTER="+disableAfter.String(), "LOCKS_UI_REFRESH="+uiRefresh.String())
 	s := &system{base: "http://" + httpAddr, rabbit: rabbit, log: &testenv.LogBuffer{}}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	if err := cmd.Start(); err != nil {

@@ -222,7 +222,7 @@ func buildPart(name string, d deps) (runner, error) {
 		h := a.Handler()
 		d.ops.Handle("/v1/", h)
 		d.ops.Handle("GET /openapi.json", h)
-		dash, err := ui.New(ui.Config{Tokens: d.cfg.APITokens}, ui.Deps{Logger: d.log, Registerer: d.reg, API: a.InProcess(), JS: d.js,
+		dash, err := ui.New(ui.Config{Tokens: d.cfg.APITokens, Refresh: d.cfg.UIRefresh}, ui.Deps{Logger: d.log, Registerer: d.reg, API: a.InProcess(), JS: d.js,
 			ClientTokens: a})
 		if err != nil {
 			return nil, err

@@ -39,6 +39,8 @@ type Config struct {
 	// StateSeenInterval is how long the state projector may defer writing a sensor's
 	// liveness when nothing else of it changed; 0: every reading is written.
 	StateSeenInterval time.Duration
+	// UIRefresh is how often the dashboard's panels reload.
+	UIRefresh time.Duration
 	// WatchdogSweep is the period of the watchdog's reconciliation sweep.
 	WatchdogSweep time.Duration
 	// WatchdogMaxHold bounds how long the watchdog holds an expiry while the pipeline is behind.

@@ -41,6 +41,7 @@ func TestBadValuesNameTheVariable(t *testing.T) {
 		"LOCKS_WEBHOOK_ALLOW_PRIVATE": "maybe",
 		"LOCKS_PARTITIONS":            "0",
 		"LOCKS_API_TOKENS":            "short",
+		"LOCKS_UI_REFRESH":            "6s",
 	}
 	for k, v := range cases {
 		t.Run(k, func(t *testing.T) {

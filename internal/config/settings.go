@@ -242,6 +242,14 @@ func settings() []setting {
 		}},
 		{"LOCKS_WATCHDOG_SWEEP", "5m", "period of the watchdog's reconciliation sweep between the state projection and the liveness keys", dur(func(c *Config) *time.Duration { return &c.WatchdogSweep })},
 		{"LOCKS_WATCHDOG_MAX_HOLD", "15m", "longest an expiry is held while the pipeline is behind; then the sensor is declared lost anyway", dur(func(c *Config) *time.Duration { return &c.WatchdogMaxHold })},
+		{"LOCKS_UI_REFRESH", "3s", "how often the dashboard's panels reload (100ms to 5s); each panel is read once per period for all its viewers", func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 100*time.Millisecond || d > 5*time.Second {
+				return errors.New("must be a duration from 100ms to 5s")
+			}
+			c.UIRefresh = d
+			return nil
+		}},
 		{"LOCKS_PPROF", "false", "serve Go's profiler at /debug/pprof/ on LOCKS_HTTP_ADDR (no auth: keep that address private)", boolean(func(c *Config) *bool { return &c.Pprof })},
 		{"LOCKS_LOG_LEVEL", "info", "debug, info, warn or error", func(c *Config, v string) error {
 			switch strings.ToLower(v) {
