@@ -66,6 +66,7 @@ func TestFeedHorizonSkipsOtherDatabases(t *testing.T) {
 // last cursor) and the hub sends slow ones back to the database; every watcher's items, put
 // end to end, are the feed exactly: every event once, in order, with the feed's cursors.
 func TestWatchBooks(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t)
 	f.srv.hub.mu.Lock()
 	f.srv.hub.queue = 3 // watchers fall behind the hub often

@@ -188,6 +188,7 @@ func TestWatch(t *testing.T) {
 // RESOURCE_EXHAUSTED once a batch cannot leave in time, and resumes from its last cursor
 // with every later event once.
 func TestWatchSlowWatcherIsCutOff(t *testing.T) {
+	t.Parallel()
 	f := newTokenFixture(t, func(c *Config, _ *Deps) { c.WatchSendTimeout = 300 * time.Millisecond })
 	const n = 3000 // ~1 MB of bodies: more than the flow-control window below
 	var ids, sensors []string
