@@ -376,6 +376,11 @@ func (e *env) crashChild(t *testing.T, crashAt int) uint64 {
 	if !errors.As(err, &ee) || ee.ExitCode() != crashpoint.ExitCode {
 		t.Fatalf("child bridge: %v, want exit %d\n%s", err, crashpoint.ExitCode, out)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the crashed child's output:\n%s", out)
+		}
+	})
 	n := e.streamMsgs(t)
 	if n < uint64(crashAt) {
 		t.Fatalf("READINGS holds %d after the crash, want at least %d", n, crashAt)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/lock-sensors/lock-sensors/internal/natsx"
 	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
@@ -108,6 +109,16 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 				t.Fatalf("%d messages left in the queue", got)
 			}
 			if got := perSensor(t, e); !mapsEqual(got, want) {
+				// Where each of s1's readings came from (session/delivery tag), and what the
+				// sessions recorded: which side of a record the doubled readings are.
+				logs, _ := e.readings(t)
+				var origins []string
+				for _, l := range logs {
+					if l.SensorID == "s1" {
+						origins = append(origins, fmt.Sprintf("%s=%d", l.Origin, l.Data))
+					}
+				}
+				t.Logf("s1's readings by origin: %v; session records: %v", origins, e.sessionRecords(t))
 				t.Fatalf("READINGS per sensor after the crash\n got %v\nwant %v", got, want)
 			}
 			if d := metricValue(e.bridge.m.duplicates); d < 1 {
@@ -246,4 +257,24 @@ func TestBridgeStandbyTakesOver(t *testing.T) {
 	if metricValue(standby.m.standby) != 0 || metricValue(standby.m.accepted) != 200 {
 		t.Fatalf("standby gauge %v, accepted %v: want 0 and the second half (200)", metricValue(standby.m.standby), metricValue(standby.m.accepted))
 	}
+}
+
+// sessionRecords is every bridge session's record in the bridge_sessions bucket, as text.
+func (e *env) sessionRecords(t *testing.T) map[string]string {
+	t.Helper()
+	kv, err := e.nats.JS.KeyValue(t.Context(), natsx.BridgeSessionsBucket)
+	if err != nil {
+		return map[string]string{"error": err.Error()}
+	}
+	keys, err := kv.Keys(t.Context())
+	if err != nil {
+		return map[string]string{"error": err.Error()}
+	}
+	out := map[string]string{}
+	for _, k := range keys {
+		if v, err := kv.Get(t.Context(), k); err == nil {
+			out[k] = string(v.Value())
+		}
+	}
+	return out
 }
