@@ -39,9 +39,9 @@ const token = "ui-test-token-0123456789"
 // its last reading.
 const lostAfter = 3 * time.Second
 
-// uiRefresh is the panels' reload period (LOCKS_UI_REFRESH): short, so that what a test
-// changes shows on the page soon.
-const uiRefresh = 500 * time.Millisecond
+// uiRefresh is the panels' reload period (LOCKS_UI_REFRESH): not the default, so that the
+// pages show the setting reached them.
+const uiRefresh = 2 * time.Second
 
 // disableAfter is short so that the auto-disable test is quick: an endpoint whose attempts
 // all failed this long is disabled.
