@@ -5,11 +5,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
 
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -47,22 +47,16 @@ func TestFromBuildInfo(t *testing.T) {
 	}
 }
 
-// `locks version` of a binary built as the image builds it (-s -w, which also spares the
-// link its debug information): the -X variables show, and the toolchain's own record (Go
-// version) beside them.
+// `locks version` of a binary built as the image builds it (testenv.BuildRelease): the -X
+// variables show, and the toolchain's own record (Go version) beside them.
 func TestVersionCommandPrintsLdflags(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "locks")
-	build := exec.Command("go", "build", "-o", bin,
-		"-ldflags", "-s -w -X main.version=0.1.0-test -X main.revision=0123456789abcdef0123456789abcdef01234567", ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
+	bin := testenv.BuildRelease(t)
 	out, err := exec.Command(bin, "version").CombinedOutput()
 	if err != nil {
 		t.Fatalf("locks version: %v: %s", err, out)
 	}
-	for _, want := range []string{"locks 0.1.0-test\n", "revision: 0123456789abcdef0123456789abcdef01234567\n", "go: go1."} {
+	for _, want := range []string{"locks " + testenv.ReleaseVersion + "\n", "revision: " + testenv.ReleaseRevision + "\n", "go: go1."} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("locks version printed %q, want a line %q", out, want)
 		}

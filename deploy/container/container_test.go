@@ -7,21 +7,18 @@ import (
 	"debug/elf"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // The image's final stage has no libc: the binary must be static. Built as the Containerfile
-// builds it (CGO off), it has no ELF interpreter and no dynamic libraries, and it runs.
+// builds it (CGO off: testenv.BuildRelease), it has no ELF interpreter and no dynamic
+// libraries, and it runs.
 func TestStaticBinary(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "locks")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "../../cmd/locks")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
+	bin := testenv.BuildRelease(t)
 	f, err := elf.Open(bin)
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,37 @@ func BuildBinary(dir string) (string, error) {
 	return b.path, b.err
 }
 
+// ReleaseVersion and ReleaseRevision are what BuildRelease stamps into the binary.
+const (
+	ReleaseVersion  = "0.1.0-test"
+	ReleaseRevision = "0123456789abcdef0123456789abcdef01234567"
+)
+
+var release built
+
+// BuildRelease builds ./cmd/locks as the container image builds it (deploy/container's
+// Containerfile: CGO off, -trimpath, -s -w, the version and revision set with -X, here
+// ReleaseVersion and ReleaseRevision) and returns its path. Like BuildBinary it is linked
+// once for the packages of one run that need it.
+func BuildRelease(t testing.TB) string {
+	t.Helper()
+	release.once.Do(func() {
+		release.path, release.err = buildAs("./cmd/locks", "locks-release", []string{"CGO_ENABLED=0", "GOOS=linux"},
+			"-trimpath", "-ldflags", "-s -w -X main.version="+ReleaseVersion+" -X main.revision="+ReleaseRevision)
+	})
+	if release.err != nil {
+		t.Fatal(release.err)
+	}
+	return release.path
+}
+
 func build(cmdDir string) (string, error) {
+	return buildAs(cmdDir, filepath.Base(cmdDir), nil)
+}
+
+// buildAs builds the command in cmdDir as name in the checkout's shared directory, with env
+// added to the environment and flags before the package.
+func buildAs(cmdDir, name string, env []string, flags ...string) (string, error) {
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
@@ -60,10 +90,11 @@ func build(cmdDir string) (string, error) {
 		return "", err
 	}
 	defer unlock()
-	bin := filepath.Join(dir, filepath.Base(cmdDir))
+	bin := filepath.Join(dir, name)
 	var out bytes.Buffer
-	cmd := exec.Command("go", "build", "-o", bin, cmdDir)
+	cmd := exec.Command("go", append(append([]string{"build", "-o", bin}, flags...), cmdDir)...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = root, &out, &out
+	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", cmdDir, err, out.String())
 	}
