@@ -69,7 +69,8 @@ func BuildRelease(t testing.TB) string {
 }
 
 func build(cmdDir string) (string, error) {
-	return buildAs(cmdDir, filepath.Base(cmdDir), nil)
+	// Without DWARF (-w): a test runs the binary, nobody debugs it, and the link is shorter.
+	return buildAs(cmdDir, filepath.Base(cmdDir), nil, "-ldflags=-w")
 }
 
 // buildAs builds the command in cmdDir as name in the checkout's shared directory, with env
