@@ -61,20 +61,12 @@ func TestStateLostPullAnswerAppliesInOrder(t *testing.T) {
 // transaction replays their liveness, and when it is due it is written as the log says.
 func TestStateBrokenRunKeepsWhatMemoryApplied(t *testing.T) {
 	t.Parallel()
-	e := newStateEnv(t, 1)
-	e.seen = 20 * time.Second // not due on its own while the test looks
-	clk := testenv.ClockAhead(0)
-	e.clock = clk
+	e, clk := newHeldStateEnv(t, 1)
 	proxy := testenv.NewNATSProxy(t, e.nats.URL)
 	e.runState(t, testenv.JetStream(t, proxy.URL, "state"), partition.All(e.n))
-	at := time.Now().UTC().Truncate(time.Millisecond)
-	reading := func(id string, k int) event.Log {
-		tm := at.Add(time.Duration(k) * time.Millisecond)
-		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: 0, Time: tm, ReceivedTime: tm,
-			MessageID: fmt.Sprint(id, "-", k)}
-	}
+	reading := heldReadings()
 	var pub statePublished
-	e.publish(t, e.nats.JS, []event.Log{reading("a", 0), reading("b", 1)}, &pub)
+	e.publish(t, e.nats.JS, []event.Log{reading("a", 0, 0), reading("b", 0, 1)}, &pub)
 	e.waitCaughtUp(t, &pub, 10*time.Second)
 	before := e.commits(t)
 
@@ -82,7 +74,7 @@ func TestStateBrokenRunKeepsWhatMemoryApplied(t *testing.T) {
 	dropped := proxy.DropNth(fmt.Sprintf("$JS.ACK.%s.%s.", natsx.ReadingsStream, consumerName(0)), 4)
 	const repeats = 8
 	for k := range repeats {
-		e.publish(t, e.nats.JS, []event.Log{reading([]string{"a", "b"}[k%2], 2+k)}, &pub)
+		e.publish(t, e.nats.JS, []event.Log{reading([]string{"a", "b"}[k%2], 0, 2+k)}, &pub)
 		testenv.Eventually(t, 10*time.Second, "the repeat applied", func() bool { return e.appliedSeqs(t)[0] == pub.maxSeq[0] })
 	}
 	select {

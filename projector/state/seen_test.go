@@ -251,19 +251,11 @@ func (e *stateEnv) appliedSeqs(t *testing.T) map[int]uint64 {
 // covering the repeats before it.
 func TestStateRepeatsOpenNoTransaction(t *testing.T) {
 	t.Parallel()
-	e := newStateEnv(t, 2)
-	e.seen = 20 * time.Second // not due on its own while the test looks
-	clk := testenv.ClockAhead(0)
-	e.clock = clk
+	e, clk := newHeldStateEnv(t, 2)
 	e.runState(t, e.nats.JS, partition.All(e.n))
 	r := rand.New(rand.NewPCG(26, 3))
 	ids := stateSensorIDs(r, 20)
-	at := time.Now().UTC().Truncate(time.Millisecond)
-	reading := func(id string, data uint8, k int) event.Log {
-		tm := at.Add(time.Duration(k) * time.Millisecond)
-		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: data, Time: tm, ReceivedTime: tm,
-			MessageID: id + "-" + strconv.Itoa(k)}
-	}
+	reading := heldReadings()
 	var pub statePublished
 	var first []event.Log
 	for i, id := range ids {
@@ -465,6 +457,28 @@ func (e *stateEnv) waitSeenWritten(t *testing.T, within time.Duration) {
 		}
 		return pending == 0
 	})
+}
+
+// newHeldStateEnv is a stateEnv whose liveness is not due on its own while a test looks (an
+// interval of 20 s), on a clock the test moves ahead to make it due.
+func newHeldStateEnv(t *testing.T, n int) (*stateEnv, *testenv.AheadClock) {
+	t.Helper()
+	e := newStateEnv(t, n)
+	e.seen = 20 * time.Second
+	clk := testenv.ClockAhead(0)
+	e.clock = clk
+	return e, clk
+}
+
+// heldReadings returns a maker of readings received now plus k ms, each with a message id of
+// its own.
+func heldReadings() func(id string, data uint8, k int) event.Log {
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	return func(id string, data uint8, k int) event.Log {
+		tm := at.Add(time.Duration(k) * time.Millisecond)
+		return event.Log{V: event.Version, Kind: event.KindReading, SensorID: id, Data: data, Time: tm, ReceivedTime: tm,
+			MessageID: id + "-" + strconv.Itoa(k)}
+	}
 }
 
 // commits is how many transactions the projector committed (locks_state_commit_seconds).
