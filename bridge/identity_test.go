@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -90,7 +91,10 @@ func TestBridgeMessageIDIsPerSensor(t *testing.T) {
 // TestBridgeSeedFormatCrash kills a bridge between JetStream's ack and the AMQP ack while the
 // fleet sends the seed's format, where most bodies equal the one before: after the
 // redelivery every sensor's readings are in READINGS exactly once, in order, so no state
-// change is lost or doubled.
+// change is lost or doubled. One case is excepted, as docs/contract.md (Redelivered
+// readings) says: when RabbitMQ did not take the child's last ack (it was on its way as the
+// child died), the readings that ack covered may be recorded twice; then none is lost, each
+// sensor's readings are still there in order, and at most that many are doubled.
 func TestBridgeSeedFormatCrash(t *testing.T) {
 	t.Parallel()
 	for _, ids := range []bool{false, true} {
@@ -101,6 +105,7 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 			msgs, want := seedFleet(n, sensors, ids)
 			e.publish(t, msgs)
 			afterCrash := e.crashChild(t, crashAt)
+			recorded, taken := e.childAcks(t, n)
 			stop := e.start(t, Config{Prefetch: 100})
 			testenv.Eventually(t, time.Minute, "all readings in READINGS", func() bool { return e.streamMsgs(t) >= n })
 			e.quiesce(t)
@@ -108,7 +113,15 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 			if got := e.queueReady(t, e.queue); got != 0 {
 				t.Fatalf("%d messages left in the queue", got)
 			}
-			if got := perSensor(t, e); !mapsEqual(got, want) {
+			if got := perSensor(t, e); taken < recorded && !ids {
+				t.Logf("RabbitMQ took the child's acks up to tag %d of the %d it recorded: its last ack was on its way as it died",
+					taken, recorded)
+				if extra, err := doubledAtMost(got, want, int(recorded-taken)); err != nil {
+					t.Fatal(err)
+				} else {
+					t.Logf("%d readings recorded twice, of the %d the lost ack covered", extra, recorded-taken)
+				}
+			} else if !mapsEqual(got, want) {
 				// Where each of s1's readings came from (session/delivery tag), and what the
 				// sessions recorded: which side of a record the doubled readings are.
 				logs, _ := e.readings(t)
@@ -125,9 +138,58 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 				t.Fatalf("duplicates %v: the child died with appended, unacked readings (%d stored, %d acked at most), none recognised",
 					d, afterCrash, crashAt)
 			}
-			t.Logf("READINGS held %d after the crash; %v redeliveries recognised as appended", afterCrash, metricValue(e.bridge.m.duplicates))
+			t.Logf("READINGS held %d after the crash; RabbitMQ took the acks up to tag %d, the child recorded %d; %v redeliveries recognised as appended",
+				afterCrash, taken, recorded, metricValue(e.bridge.m.duplicates))
 		})
 	}
+}
+
+// childAcks waits until RabbitMQ has requeued what the crashed child held, and returns the
+// delivery tag the child recorded as acked and the number of the queue's n messages
+// RabbitMQ took as acked: fewer when the child's last ack was still on its way.
+func (e *env) childAcks(t *testing.T, n int) (recorded, taken uint64) {
+	t.Helper()
+	for k, v := range e.sessionRecords(t) {
+		var r sessionRecord
+		if err := json.Unmarshal([]byte(v), &r); err != nil {
+			t.Fatalf("session record %s: %q: %v", k, v, err)
+		}
+		recorded = max(recorded, r.Acked)
+	}
+	// The child's consumer goes, then what it held comes back to the queue: until then the
+	// queue seems to have taken more acks than were sent. More than recorded for good would
+	// be an ack sent before its record.
+	testenv.Eventually(t, 30*time.Second, "the crashed child's messages back in the queue", func() bool {
+		info, err := e.ch.QueueInspect(e.queue)
+		if err != nil || info.Consumers != 0 {
+			return false
+		}
+		taken = uint64(n - info.Messages)
+		return taken <= recorded
+	})
+	return recorded, taken
+}
+
+// doubledAtMost checks that every sensor's readings in want are in got, in order (none
+// lost), and that got holds at most max more in all; it returns how many more.
+func doubledAtMost(got, want map[string][]uint8, most int) (int, error) {
+	extra := 0
+	for s, w := range want {
+		g, i := got[s], 0
+		for _, v := range g {
+			if i < len(w) && v == w[i] {
+				i++
+			}
+		}
+		if i < len(w) {
+			return 0, fmt.Errorf("sensor %s: READINGS %v does not hold %v in order: a reading was lost", s, g, w)
+		}
+		extra += len(g) - len(w)
+	}
+	if len(got) != len(want) || extra > most {
+		return extra, fmt.Errorf("%d readings more than published (sensors %d, want %d): more than the %d the lost ack covered", extra, len(got), len(want), most)
+	}
+	return extra, nil
 }
 
 func mapsEqual(a, b map[string][]uint8) bool {
@@ -277,4 +339,28 @@ func (e *env) sessionRecords(t *testing.T) map[string]string {
 		}
 	}
 	return out
+}
+
+// doubledAtMost accepts readings recorded twice up to its bound and nothing lost.
+func TestDoubledAtMost(t *testing.T) {
+	t.Parallel()
+	want := map[string][]uint8{"a": {1, 1, 0}, "b": {0, 1}}
+	for _, c := range []struct {
+		name  string
+		got   map[string][]uint8
+		most  int
+		extra int
+		ok    bool
+	}{
+		{"exact", map[string][]uint8{"a": {1, 1, 0}, "b": {0, 1}}, 0, 0, true},
+		{"doubled within the bound", map[string][]uint8{"a": {1, 1, 1, 0, 0}, "b": {0, 1}}, 2, 2, true},
+		{"doubled beyond it", map[string][]uint8{"a": {1, 1, 1, 0, 0}, "b": {0, 0, 1}}, 2, 3, false},
+		{"one lost", map[string][]uint8{"a": {1, 0, 1}, "b": {0, 1}}, 2, 0, false},
+		{"a sensor missing", map[string][]uint8{"a": {1, 1, 0}}, 2, 0, false},
+	} {
+		extra, err := doubledAtMost(c.got, want, c.most)
+		if (err == nil) != c.ok || c.ok && extra != c.extra {
+			t.Errorf("%s: %d more, %v; want ok=%v with %d more", c.name, extra, err, c.ok, c.extra)
+		}
+	}
 }
