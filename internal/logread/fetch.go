@@ -219,6 +219,24 @@ func (r *Reader) checkLoss(ctx context.Context) string {
 // to read it). A pull left when ctx ends may still deliver: the run is checked before the
 // next one (checkLoss).
 func (r *Reader) drainUntil(ctx context.Context, b jetstream.MessageBatch) ([]jetstream.Msg, error) {
+	out, err := drain(ctx.Done(), b)
+	if ctx.Err() != nil {
+		r.lost = true
+		return out, ctx.Err()
+	}
+	return out, err
+}
+
+// Drain collects a fetched batch; the end of the messages (ErrNoMessages) is no error.
+func Drain(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	return drain(nil, b)
+}
+
+// drain collects b's messages until the batch ends or stop is closed (nil: never).
+func drain(stop <-chan struct{}, b jetstream.MessageBatch) ([]jetstream.Msg, error) {
 	var out []jetstream.Msg
 	for {
 		select {
@@ -230,24 +248,8 @@ func (r *Reader) drainUntil(ctx context.Context, b jetstream.MessageBatch) ([]je
 				return out, nil
 			}
 			out = append(out, m)
-		case <-ctx.Done():
-			r.lost = true
-			return out, ctx.Err()
+		case <-stop:
+			return out, nil
 		}
 	}
-}
-
-// Drain collects a fetched batch; the end of the messages (ErrNoMessages) is no error.
-func Drain(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
-	if err != nil {
-		return nil, err
-	}
-	var out []jetstream.Msg
-	for m := range b.Messages() {
-		out = append(out, m)
-	}
-	if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-		return out, err
-	}
-	return out, nil
 }
