@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -131,7 +130,8 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 						origins = append(origins, fmt.Sprintf("%s=%d", l.Origin, l.Data))
 					}
 				}
-				t.Logf("s1's readings by origin: %v; session records: %v", origins, e.sessionRecords(t))
+				recs, err := e.sessionRecords(t)
+				t.Logf("s1's readings by origin: %v; session records: %+v (%v)", origins, recs, err)
 				t.Fatalf("READINGS per sensor after the crash\n got %v\nwant %v", got, want)
 			}
 			if d := metricValue(e.bridge.m.duplicates); d < 1 {
@@ -149,11 +149,11 @@ func TestBridgeSeedFormatCrash(t *testing.T) {
 // RabbitMQ took as acked: fewer when the child's last ack was still on its way.
 func (e *env) childAcks(t *testing.T, n int) (recorded, taken uint64) {
 	t.Helper()
-	for k, v := range e.sessionRecords(t) {
-		var r sessionRecord
-		if err := json.Unmarshal([]byte(v), &r); err != nil {
-			t.Fatalf("session record %s: %q: %v", k, v, err)
-		}
+	recs, err := e.sessionRecords(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
 		recorded = max(recorded, r.Acked)
 	}
 	// The child's consumer goes, then what it held comes back to the queue: until then the
@@ -321,24 +321,15 @@ func TestBridgeStandbyTakesOver(t *testing.T) {
 	}
 }
 
-// sessionRecords is every bridge session's record in the bridge_sessions bucket, as text.
-func (e *env) sessionRecords(t *testing.T) map[string]string {
+// sessionRecords is every bridge session's record in the bridge_sessions bucket, read as a
+// new session reads them.
+func (e *env) sessionRecords(t *testing.T) (map[string]sessionRecord, error) {
 	t.Helper()
 	kv, err := e.nats.JS.KeyValue(t.Context(), natsx.BridgeSessionsBucket)
 	if err != nil {
-		return map[string]string{"error": err.Error()}
+		return nil, err
 	}
-	keys, err := kv.Keys(t.Context())
-	if err != nil {
-		return map[string]string{"error": err.Error()}
-	}
-	out := map[string]string{}
-	for _, k := range keys {
-		if v, err := kv.Get(t.Context(), k); err == nil {
-			out[k] = string(v.Value())
-		}
-	}
-	return out
+	return (&session{kv: kv}).records(t.Context())
 }
 
 // doubledAtMost accepts readings recorded twice up to its bound and nothing lost.
