@@ -46,7 +46,7 @@ func TestPostgresMigratesOnceAcrossProcesses(t *testing.T) {
 	ctx := t.Context()
 	name := testenv.Name("locks_conc")
 	u := strings.Replace(testenv.PostgresAdminURL(), "/postgres?", "/"+name+"?", 1)
-	t.Cleanup(func() { testenv.DropPostgresDatabase(t, name) })
+	t.Cleanup(func() { testenv.DropPostgresDatabase(name) })
 	all(t, func() error { return migrations.MigratePostgres(ctx, u, testenv.Logger(t)) })
 
 	conn, err := pgx.Connect(ctx, u)

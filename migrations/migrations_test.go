@@ -51,7 +51,7 @@ func TestMigrateCreatesDatabase(t *testing.T) {
 	t.Parallel()
 	name := testenv.Name("locks_create")
 	u := strings.Replace(testenv.PostgresAdminURL(), "/postgres?", "/"+name+"?pool_max_conns=5&", 1)
-	t.Cleanup(func() { testenv.DropPostgresDatabase(t, name) })
+	t.Cleanup(func() { testenv.DropPostgresDatabase(name) })
 	if err := migrations.MigratePostgres(t.Context(), u, testenv.Logger(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ func TestPartitionBySensorKeepsRows(t *testing.T) {
 	ctx := t.Context()
 	name := testenv.Name("locks_part")
 	u := strings.Replace(testenv.PostgresAdminURL(), "/postgres?", "/"+name+"?", 1)
-	t.Cleanup(func() { testenv.DropPostgresDatabase(t, name) })
+	t.Cleanup(func() { testenv.DropPostgresDatabase(name) })
 	admin, err := pgx.Connect(ctx, testenv.PostgresAdminURL())
 	if err != nil {
 		t.Fatal(err)

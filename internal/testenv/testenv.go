@@ -151,18 +151,10 @@ var (
 // PostgresAdminURL is the URL of the maintenance database of the test Postgres server.
 func PostgresAdminURL() string { return pgAdminURL() }
 
-// DropPostgresDatabase drops a database a test created by other means.
-func DropPostgresDatabase(t testing.TB, name string) {
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, pgAdminURL())
-	if err != nil {
-		t.Errorf("drop %s: %v", name, err)
-		return
-	}
-	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		t.Errorf("drop %s: %v", name, err)
-	}
+// DropPostgresDatabase discards a database a test created by other means, into the trash
+// that a janitor drops with others.
+func DropPostgresDatabase(name string) {
+	discardDatabase(context.Background(), name)
 }
 
 func pgAdminURL() string {
