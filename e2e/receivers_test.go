@@ -21,7 +21,7 @@ type snippet struct {
 func snippets(t *testing.T) []snippet {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "verify")
-	if out, err := exec.Command("go", "build", "-o", bin, "../docs/examples").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "../docs/examples").CombinedOutput(); err != nil {
 		t.Fatalf("build docs/examples/verify.go: %v: %s", err, out)
 	}
 	for _, tool := range []string{"python3", "node"} {

@@ -70,7 +70,9 @@ func BuildRelease(t testing.TB) string {
 
 func build(cmdDir string) (string, error) {
 	// Without DWARF (-w): a test runs the binary, nobody debugs it, and the link is shorter.
-	return buildAs(cmdDir, filepath.Base(cmdDir), nil, "-ldflags=-w")
+	// -trimpath, like the test binaries: compiled packages do not depend on where the checkout
+	// is, so a fresh clone reuses the build cache.
+	return buildAs(cmdDir, filepath.Base(cmdDir), nil, "-trimpath", "-ldflags=-w")
 }
 
 // buildAs builds the command in cmdDir as name in the checkout's shared directory, with env
