@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // Every service that keeps running says whether it is healthy; the migration, which exits
@@ -36,7 +38,7 @@ func TestComposeHealthchecks(t *testing.T) {
 // settings are `locks run --help`'s variables and their defaults.
 func settings(t *testing.T) map[string]string {
 	t.Helper()
-	out, _ := exec.Command("go", "run", "../../cmd/locks", "run", "--help").CombinedOutput()
+	out, _ := exec.Command(testenv.Build(t, "./cmd/locks"), "run", "--help").CombinedOutput()
 	known := map[string]string{}
 	for _, m := range regexp.MustCompile(`\(env (LOCKS_[A-Z0-9_]+), default "([^"]*)"`).FindAllStringSubmatch(string(out), -1) {
 		known[m[1]] = m[2]

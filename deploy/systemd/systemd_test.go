@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // unit reads a unit file into section → key → values.
@@ -133,7 +135,7 @@ func TestUnitStructure(t *testing.T) {
 // locks.env.example names every setting `locks run` knows (set or commented out), and
 // nothing else.
 func TestEnvExampleHasEverySetting(t *testing.T) {
-	help, err := exec.Command("go", "run", "../../cmd/locks", "run", "--help").CombinedOutput()
+	help, err := exec.Command(testenv.Build(t, "./cmd/locks"), "run", "--help").CombinedOutput()
 	if err != nil && !strings.Contains(string(help), "Usage") {
 		t.Fatalf("locks run --help: %v: %s", err, help)
 	}
