@@ -12,25 +12,15 @@ import (
 // trashPrefix names the test databases that a janitor drops.
 const trashPrefix = "locks_trash_"
 
-// trashBatch is how many discarded databases gather before a janitor drops them. Every DROP
-// DATABASE forces an immediate checkpoint of the whole server, which writes every test's dirty
-// pages and makes the next write of each page a full-page image in the WAL; drops issued
-// together share their checkpoint. Dropping each test's database as it ended cost the server
-// one checkpoint per test; in batches it is a few per batch. What is left below a batch when
-// the run ends is dropped by the next run.
-const trashBatch = 32
-
-// trashDrops is how many drops of a batch run at once (a connection each).
-const trashDrops = 16
-
 var janitor struct {
 	once sync.Once
 	wake chan struct{}
 }
 
 // discardDatabase takes a test's database out of use at once, renamed into the trash, for a
-// janitor to drop in the background with others. A database still in use after a few tries
-// is dropped at once instead.
+// janitor to drop in the background: a DROP DATABASE waits for a checkpoint of the whole
+// server, seconds while other tests write, and the test need not wait for it. A database
+// still in use after a few tries is dropped at once instead.
 func discardDatabase(ctx context.Context, name string) {
 	c, err := pgx.Connect(ctx, pgAdminURL())
 	if err != nil {
@@ -57,8 +47,8 @@ func discardDatabase(ctx context.Context, name string) {
 	_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
-// dropTrash drops the trash, this binary's and what other test binaries left, whenever a
-// batch of it has gathered: all of it at once, so that the drops share their checkpoints.
+// dropTrash drops the trash when woken: this binary's and what earlier ones left at their
+// exit. Drops at once share the checkpoint each waits for.
 func dropTrash() {
 	ctx := context.Background()
 	for range janitor.wake {
@@ -69,11 +59,8 @@ func dropTrash() {
 		rows, _ := c.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'locks\_trash\_%'`)
 		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 		_ = c.Close(ctx)
-		if len(names) < trashBatch {
-			continue
-		}
 		var g errgroup.Group
-		g.SetLimit(trashDrops)
+		g.SetLimit(4)
 		for _, n := range names {
 			g.Go(func() error {
 				c, err := pgx.Connect(ctx, pgAdminURL())
