@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/lock-sensors/lock-sensors/internal/staterev"
 )
 
 // changeProbe measures publish → state from outside the system by the revision, which
@@ -106,18 +108,16 @@ func (p *changeProbe) Poll(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rows, err := p.pool.Query(ctx, `SELECT sensor_id, revision FROM sensor_state WHERE sensor_id = ANY($1)`, p.ids)
+		// An index probe per sensor (staterev), not sensor_id = ANY($1): that plan scans
+		// every partition of sensor_state whole at each poll, Postgres work of the probe's own
+		// that grows with the fleet and takes CPU from the system it measures.
+		revs, err := staterev.Of(ctx, p.pool, p.ids)
 		if err != nil {
 			continue // a busy moment; the next poll sees the same revisions
 		}
 		now := time.Now()
-		var id string
-		var rev int64
 		p.sentMu.Lock()
-		for rows.Next() {
-			if rows.Scan(&id, &rev) != nil {
-				break
-			}
+		for id, rev := range revs {
 			q := p.sent[id]
 			k := 0
 			for k < len(q) && q[k].rev <= rev {
@@ -127,7 +127,6 @@ func (p *changeProbe) Poll(ctx context.Context) {
 			p.sent[id] = q[k:]
 		}
 		p.sentMu.Unlock()
-		rows.Close()
 	}
 }
 
