@@ -152,7 +152,7 @@ var (
 func PostgresAdminURL() string { return pgAdminURL() }
 
 // DropPostgresDatabase discards a database a test created by other means, into the trash
-// that a janitor drops with others.
+// that a janitor drops in the background (discardDatabase).
 func DropPostgresDatabase(name string) {
 	discardDatabase(context.Background(), name)
 }
