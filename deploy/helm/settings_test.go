@@ -15,7 +15,9 @@ import (
 // settings are the variables `locks run` knows, as its --help names them (env LOCKS_…).
 func settings(t *testing.T) []string {
 	t.Helper()
-	cmd := exec.Command("go", "run", "./cmd/locks", "run", "--help")
+	// -trimpath as the main module's tests build: the compiled packages they left in the
+	// cache serve this build too, wherever the checkout is.
+	cmd := exec.Command("go", "run", "-trimpath", "./cmd/locks", "run", "--help")
 	cmd.Dir = "../.."
 	out, _ := cmd.CombinedOutput() // --help exits 0 or 2 by flag package convention
 	var keys []string
