@@ -34,10 +34,24 @@ func NewProjection(rebuilds RebuildConfig, deps RebuildDeps) rebuild.Projection 
 // another stream, which the projector reads again from the start). The lag is the live
 // consumer's num_pending plus num_ack_pending (one cheap look-up, as the alerter asks
 // often), or while there is none, the partition's messages after the checkpoint.
+//
+// The consumers are read before the positions: the projector writes a batch's positions
+// before it acks the batch's messages, so a position read after the acks is at least as far
+// as they are, and a partition never shows no lag with a checkpoint short of its last
+// message (read the other way round, a batch written between the two reads did).
 func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
 	names := make([]string, partitionCount)
+	live := make([]*jetstream.ConsumerInfo, partitionCount) // nil: no live consumer
 	for pt := range partitionCount {
 		names[pt] = readingsConsumer(DurableDefault, pt)
+		cons, err := readings.Consumer(ctx, names[pt])
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+		case err != nil:
+			return nil, fmt.Errorf("history consumer of partition %d: %w", pt, err)
+		default:
+			live[pt] = cons.CachedInfo()
+		}
 	}
 	ps, err := readPositions(ctx, ch, names)
 	if err != nil {
@@ -50,16 +64,11 @@ func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, parti
 		if p := ps[names[pt]]; p.stream == id {
 			part.Checkpoint = p.seq
 		}
-		cons, err := readings.Consumer(ctx, names[pt])
-		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
+		if ci := live[pt]; ci == nil {
 			if part.Lag, part.LastSeq, err = rebuild.PartitionLag(ctx, readings, pt, part.Checkpoint); err != nil {
 				return nil, err
 			}
-		case err != nil:
-			return nil, fmt.Errorf("history consumer of partition %d: %w", pt, err)
-		default:
-			ci := cons.CachedInfo()
+		} else {
 			part.Lag = ci.NumPending + uint64(ci.NumAckPending)
 			if part.LastSeq, err = rebuild.PartitionLastSeq(ctx, readings, pt); err != nil {
 				return nil, err
