@@ -35,15 +35,21 @@ func NewProjection(rebuilds RebuildConfig, deps RebuildDeps) rebuild.Projection 
 // consumer's num_pending plus num_ack_pending (one cheap look-up, as the alerter asks
 // often), or while there is none, the partition's messages after the checkpoint.
 //
-// The consumers are read before the positions: the projector writes a batch's positions
-// before it acks the batch's messages, so a position read after the acks is at least as far
-// as they are, and a partition never shows no lag with a checkpoint short of its last
-// message (read the other way round, a batch written between the two reads did).
+// With a live consumer, a partition's last sequence is read first, its consumer next and the
+// positions last: the projector writes a batch's positions before it acks the batch's
+// messages, so a consumer with nothing pending means a checkpoint, read after it, at least at
+// the last sequence read before it. Read in another order, a batch written or a reading
+// appended between the reads showed no lag with a checkpoint short of the last sequence.
 func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, partitionCount int) ([]rebuild.Info, error) {
 	names := make([]string, partitionCount)
 	live := make([]*jetstream.ConsumerInfo, partitionCount) // nil: no live consumer
+	last := make([]uint64, partitionCount)
 	for pt := range partitionCount {
 		names[pt] = readingsConsumer(DurableDefault, pt)
+		var err error
+		if last[pt], err = rebuild.PartitionLastSeq(ctx, readings, pt); err != nil {
+			return nil, err
+		}
 		cons, err := readings.Consumer(ctx, names[pt])
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
@@ -69,10 +75,7 @@ func infos(ctx context.Context, ch driver.Conn, readings jetstream.Stream, parti
 				return nil, err
 			}
 		} else {
-			part.Lag = ci.NumPending + uint64(ci.NumAckPending)
-			if part.LastSeq, err = rebuild.PartitionLastSeq(ctx, readings, pt); err != nil {
-				return nil, err
-			}
+			part.Lag, part.LastSeq = ci.NumPending+uint64(ci.NumAckPending), last[pt]
 		}
 		info.Partitions = append(info.Partitions, part)
 		info.Lag += part.Lag
