@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -167,4 +168,54 @@ func expect(t *testing.T, env []string, code int, want []string, args ...string)
 		}
 	}
 	return r
+}
+
+// A `locks run` whose gRPC address is taken exits naming LOCKS_GRPC_ADDR, without answering
+// /readyz with 200 first: an orchestrator must not take a process about to exit as ready.
+func TestTakenGRPCAddressIsNeverReady(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	chDB := testenv.Name("locks_cli")
+	t.Cleanup(func() { testenv.DropClickHouseDatabase(t, chDB) })
+	httpAddr := testenv.FreeAddr(t)
+	cmd := locksCmd(t, []string{
+		"LOCKS_POSTGRES_URL=" + testenv.PostgresURL(t),
+		"LOCKS_CLICKHOUSE_URL=clickhouse://" + testenv.ClickHouseAddr() + "/" + chDB,
+		"LOCKS_API_TOKENS=cli-token-0123456789abcdef",
+		"LOCKS_HTTP_ADDR=" + httpAddr,
+		"LOCKS_GRPC_ADDR=" + taken.Addr().String(),
+	}, "run", "--targets=api")
+	log := &testenv.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			if err == nil || !strings.Contains(log.String(), "LOCKS_GRPC_ADDR="+taken.Addr().String()) {
+				t.Fatalf("exit %v, want an error naming LOCKS_GRPC_ADDR; log:\n%s", err, log)
+			}
+			return
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			t.Fatalf("locks run still running 60 s after its gRPC address was found taken; log:\n%s", log)
+		default:
+		}
+		if resp, err := http.Get("http://" + httpAddr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				_ = cmd.Process.Kill()
+				t.Fatalf("/readyz answered 200 with the gRPC address taken; log:\n%s", log)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -159,6 +159,14 @@ type runner interface {
 	Run(ctx context.Context) error
 }
 
+// apiOn serves the API's gRPC on a listener bound beforehand.
+type apiOn struct {
+	a  *api.Server
+	ln net.Listener
+}
+
+func (p apiOn) Run(ctx context.Context) error { return p.a.Serve(ctx, p.ln) }
+
 // buildPart wires one part by hand from deps.
 func buildPart(name string, d deps) (runner, error) {
 	switch name {
@@ -230,7 +238,13 @@ func buildPart(name string, d deps) (runner, error) {
 		d.ops.Handle("/ui/", dash.Handler())
 		// /readyz shows its checks' error text only with an API token.
 		d.ops.ShowDetailsTo(a.Authorized)
-		return together{together{a, rb}, hl}, nil
+		// The gRPC address is bound now, before the ops server answers /readyz: bound in Run,
+		// a taken address stopped the process only after it had said it was ready.
+		grpcLn, err := net.Listen("tcp", d.cfg.GRPCAddr)
+		if err != nil {
+			return nil, fmt.Errorf("LOCKS_GRPC_ADDR=%s: %w", d.cfg.GRPCAddr, err)
+		}
+		return together{together{apiOn{a, grpcLn}, rb}, hl}, nil
 	case "alerter":
 		return newAlerter(d)
 	default:
