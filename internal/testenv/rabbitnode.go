@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,13 +20,6 @@ type RabbitNode struct {
 	port int
 	dist int
 	URL  string
-}
-
-// freePort is the port of FreeAddr.
-func freePort(t testing.TB) int {
-	_, p, _ := net.SplitHostPort(FreeAddr(t))
-	n, _ := strconv.Atoi(p)
-	return n
 }
 
 const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"

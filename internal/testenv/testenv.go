@@ -352,17 +352,6 @@ func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// FreeAddr is a loopback address with a port free at the time of the call.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // RunPart runs a part's Run in the background until the returned stop is called or the
 // test ends; stop cancels it and fails t if Run returns an error or does not return
 // within grace.
