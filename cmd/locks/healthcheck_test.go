@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // locks healthcheck asks the process at LOCKS_HTTP_ADDR (0.0.0.0 as loopback): 0 when ready,
@@ -46,12 +48,7 @@ func TestHealthcheck(t *testing.T) {
 	if code, msg := check("127.0.0.1:"+port, "--path=/healthz"); code != 0 {
 		t.Fatalf("alive: exit %d: %s", code, msg)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
+	closed := testenv.FreeAddr(t) // reserved: nothing listens on it
 	if code, _ := check(closed); code != 1 {
 		t.Fatalf("nothing listening: exit %d, want 1", code)
 	}

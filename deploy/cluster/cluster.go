@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lock-sensors/lock-sensors/internal/backoff"
+	"github.com/lock-sensors/lock-sensors/internal/freeport"
 )
 
 // Defaults of Config.
@@ -153,6 +154,8 @@ type Cluster struct {
 	nodes     []node
 	passwords map[string]string
 	outMu     sync.Mutex
+	portsMu   sync.Mutex
+	releases  []func() // the free ports' reservations, held until Stop
 
 	Nodes []*Process
 	Parts []*Part // in start order
@@ -257,12 +260,14 @@ func (c *Cluster) addr(base, offset int) (string, error) {
 	if base != 0 {
 		return net.JoinHostPort(c.cfg.Host, strconv.Itoa(base+offset)), nil
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(c.cfg.Host, "0"))
+	addr, release, err := freeport.Reserve(c.cfg.Host)
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	c.portsMu.Lock()
+	c.releases = append(c.releases, release)
+	c.portsMu.Unlock()
+	return addr, nil
 }
 
 // startPart starts p and waits for its /readyz. With free ports (HTTPPort 0), a process that
@@ -357,4 +362,10 @@ func (c *Cluster) Stop() {
 		wg.Go(n.Stop)
 	}
 	wg.Wait()
+	c.portsMu.Lock()
+	defer c.portsMu.Unlock()
+	for _, release := range c.releases {
+		release()
+	}
+	c.releases = nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/lock-sensors/lock-sensors/internal/testenv"
 )
 
 // jsCluster starts n JetStream servers routed to each other on loopback, as nats-server's
@@ -22,12 +25,8 @@ func jsCluster(t *testing.T, n int) jetstream.JetStream {
 	routes := make([]*url.URL, n)
 	for i := range n {
 		// The route ports must be known before any server starts: reserve free ones.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		_, p, _ := net.SplitHostPort(testenv.FreeAddr(t))
+		ports[i], _ = strconv.Atoi(p)
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])}
 	}
 	servers := make([]*server.Server, n)
