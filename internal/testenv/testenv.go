@@ -16,7 +16,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -80,9 +79,9 @@ type NATSEnv struct {
 // NATS starts an embedded NATS server for t, stopped at the end of the test.
 func NATS(t testing.TB) *NATSEnv {
 	t.Helper()
-	e := &NATSEnv{t: t, dir: t.TempDir(), port: -1}
+	// A reserved port (FreeAddr), so that a Restart finds it free again.
+	e := &NATSEnv{t: t, dir: t.TempDir(), port: freePort(t)}
 	e.start()
-	e.port = e.Server.Addr().(*net.TCPAddr).Port
 	nc, err := nats.Connect(e.URL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect to embedded NATS: %v", err)
