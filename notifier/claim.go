@@ -123,8 +123,17 @@ func (c capacity) rooms() func(client string) int {
 // two revisions of one key in flight (the second would see the first's committed lease).
 // A concurrent writer of the row (ingest superseding it) is waited for and re-checked by
 // the UPDATE itself.
+//
+// Once begun, the transaction is seen through to its end even when ctx ends, as intakeTx
+// is: a claim abandoned after its COMMIT was sent could still commit, leaving its rows
+// leased to a dispatcher that is gone. The caller gives back what it cannot attempt.
 func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leasingTxTimeout)
+	defer cancel()
 	leasedAt := time.Now()
 	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		b := &pgx.Batch{}

@@ -52,6 +52,10 @@ func (n *Notifier) dispatch(ctx context.Context) {
 			retry.Wait(ctx)
 			continue
 		}
+		if ctx.Err() != nil {
+			n.giveBack(ctx, cs) // claimed as the dispatcher was stopping
+			return
+		}
 		retry.Reset()
 		started := n.start(ctx, &wg, cs, now)
 		busyLoop = started > 0

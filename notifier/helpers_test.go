@@ -160,6 +160,14 @@ func (e *env) client(id, url string) string {
 	return secret
 }
 
+// subscribed registers client c1 at url, sensor s1 "here", and c1's subscription to it.
+func (e *env) subscribed(url string) {
+	e.t.Helper()
+	e.client("c1", url)
+	e.sensor("s1", "here")
+	e.subscribe("c1", "s1")
+}
+
 func (e *env) sensor(id, address string) {
 	e.t.Helper()
 	e.exec(`INSERT INTO sensors (id, address) VALUES ($1, $2)`, id, address)

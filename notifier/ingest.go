@@ -25,6 +25,10 @@ const BatchDefault = 256
 // ingestRetryMax bounds the pause between tries of a batch that failed.
 const ingestRetryMax = 5 * time.Second
 
+// leasingTxTimeout bounds a transaction that leases deliveries (intake, claim) and runs on
+// after its context ended.
+const leasingTxTimeout = 10 * time.Second
+
 // ingestIdleWait is how long a read of an idle partition waits for an event; a delivery
 // lost at the tail is noticed after it.
 const ingestIdleWait = time.Second
@@ -195,8 +199,19 @@ type intook struct {
 
 // intakeTx writes evs' deliveries, leases those that may go at once (handoff.go), and
 // moves in's position to pos, in one transaction fenced by in's epoch.
+//
+// Once begun, the transaction is seen through to its end even when ctx ends (the partition
+// moved to another process, or this one stopping): abandoned after its COMMIT was sent, it
+// could still commit on the server, and the rows it leased for this process's dispatcher
+// would then wait out their lease with no one to attempt or give them back. A fence that
+// failed in the meantime rolls it back.
 func (n *Notifier) intakeTx(ctx context.Context, in *intake, pos position, evs []event.Event, payloads [][]byte, tps []string) (intook, error) {
 	var t intook
+	if err := ctx.Err(); err != nil {
+		return t, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leasingTxTimeout)
+	defer cancel()
 	begun := time.Now()
 	err := pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
 		t = intook{}

@@ -201,9 +201,7 @@ func TestSupersedeWhileDown(t *testing.T) {
 		}
 		return http.StatusServiceUnavailable
 	})
-	e.client("c1", rc.URL)
-	e.sensor("s1", "here")
-	e.subscribe("c1", "s1")
+	e.subscribed(rc.URL)
 	e.start()
 	e.publish(testEvent("s1", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "first attempt", func() bool { return rc.count() >= 1 })
@@ -384,9 +382,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	e.client("c1", rc.URL)
-	e.sensor("s1", "here")
-	e.subscribe("c1", "s1")
+	e.subscribed(rc.URL)
 	e.start()
 	e.publish(testEvent("s1", 1, 1))
 	testenv.Eventually(t, 10*time.Second, "second attempt", func() bool { return rc.count() >= 2 })
@@ -479,9 +475,7 @@ func TestSameEventTwice(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensor("s1", "here")
-	e.subscribe("c1", "s1")
+	e.subscribed(rc.URL)
 	e.start()
 	ev := testEvent("s1", 1, 1)
 	e.publish(ev)

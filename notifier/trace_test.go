@@ -33,9 +33,7 @@ func TestAttemptsAreTraced(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	e.client("c1", rc.URL)
-	e.sensor("s1", "here")
-	e.subscribe("c1", "s1")
+	e.subscribed(rc.URL)
 	e.start()
 	ev := testEvent("s1", 1, 1)
 	e.seedState(ev)
@@ -105,9 +103,7 @@ func TestUnsampledTraceIsDeliveredAlike(t *testing.T) {
 	e := newEnv(t)
 	e.tracer = tp.Tracer("notifier")
 	rc := newReceiver(t, nil)
-	e.client("c1", rc.URL)
-	e.sensor("s1", "here")
-	e.subscribe("c1", "s1")
+	e.subscribed(rc.URL)
 	e.start()
 	ev := testEvent("s1", 1, 1)
 	e.seedState(ev)
