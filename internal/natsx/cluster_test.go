@@ -36,9 +36,13 @@ func jsCluster(t *testing.T, n int) jetstream.JetStream {
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1", Port: -1,
 			JetStream: true, StoreDir: t.TempDir(),
-			Cluster: server.ClusterOpts{Name: "locks", Host: "127.0.0.1", Port: ports[i]},
-			Routes:  routes,
-			NoSigs:  true, NoLog: true,
+			// The server would otherwise take three quarters of the disk's free space as its
+			// limit, and refuse a replica of a stream whose limits (MaxBytes) do not fit it
+			// when the machine's disk is fuller than usual: the tests write kilobytes.
+			JetStreamMaxStore: 1 << 40,
+			Cluster:           server.ClusterOpts{Name: "locks", Host: "127.0.0.1", Port: ports[i]},
+			Routes:            routes,
+			NoSigs:            true, NoLog: true,
 		})
 		if err != nil {
 			t.Fatalf("NATS node %d: %v", i+1, err)
