@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -58,11 +59,12 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Name is a random lower-case name with prefix, for databases and queues.
+// Name is a random lower-case name with prefix, for databases and queues, stamped with the
+// time (prune.go): prefix_<Unix seconds in base 36>_<8 random hex digits>.
 func Name(prefix string) string {
-	b := make([]byte, 6)
+	b := make([]byte, 4)
 	_, _ = io.ReadFull(rand.Reader, b)
-	return prefix + "_" + hex.EncodeToString(b)
+	return prefix + "_" + strconv.FormatInt(time.Now().Unix(), 36) + "_" + hex.EncodeToString(b)
 }
 
 // NATSEnv is an embedded NATS server with JetStream, private to one test.
@@ -219,6 +221,7 @@ func PostgresURL(t testing.TB) string {
 	if pgErr != nil {
 		t.Fatal(pgErr)
 	}
+	prunePostgres()
 	name := Name("locks_test")
 	conn, err := pgx.Connect(ctx, pgAdminURL())
 	if err != nil {
@@ -323,6 +326,7 @@ func DropClickHouseDatabase(t testing.TB, name string) {
 func ClickHouse(t testing.TB) (string, driver.Conn) {
 	t.Helper()
 	ctx := context.Background()
+	pruneClickHouse()
 	name := Name("locks_test")
 	u := "clickhouse://" + ClickHouseAddr() + "/" + name
 	if err := migrations.MigrateClickHouse(ctx, u, slog.New(slog.DiscardHandler)); err != nil {
