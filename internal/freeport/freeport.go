@@ -23,7 +23,7 @@ import (
 // Reserve returns host:port with a port nothing listens on, reserved against every other
 // caller of Reserve on the machine until release is called (or the process ends).
 func Reserve(host string) (addr string, release func(), err error) {
-	lo, hi := Range()
+	lo, hi := portRange()
 	if err := os.MkdirAll(filepath.Dir(lockPath(lo)), 0o777); err != nil {
 		return "", nil, fmt.Errorf("port reservations: %w", err)
 	}
@@ -48,8 +48,8 @@ func Reserve(host string) (addr string, release func(), err error) {
 	return "", nil, fmt.Errorf("no free port on %s in %d-%d after 200 tries", host, lo, hi)
 }
 
-// Range is the ports Reserve draws from: the ten thousand below the kernel's ephemeral range.
-func Range() (lo, hi int) {
+// portRange is the ports Reserve draws from: the ten thousand below the kernel's ephemeral range.
+func portRange() (lo, hi int) {
 	hi = 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {

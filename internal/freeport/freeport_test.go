@@ -9,7 +9,7 @@ import (
 // A reserved port lies below the kernel's ephemeral range, where no outgoing connection's
 // local end can take it, and no other caller gets it until it is released.
 func TestReserveIsExclusiveAndOutsideTheEphemeralRange(t *testing.T) {
-	lo, hi := Range()
+	lo, hi := portRange()
 	held := map[int]func(){}
 	for range 50 {
 		addr, release, err := Reserve("127.0.0.1")
@@ -42,7 +42,7 @@ func TestReserveIsExclusiveAndOutsideTheEphemeralRange(t *testing.T) {
 
 // A port some other server listens on is never handed out.
 func TestReserveSkipsPortsInUse(t *testing.T) {
-	lo, hi := Range()
+	lo, hi := portRange()
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
