@@ -100,10 +100,11 @@ func (r *Rebuild) Run(ctx context.Context) (rebuild.Result, error) {
 		}
 	}()
 	var earlier shadowCounts // of the workers of earlier swap attempts
+	var sweepPending atomic.Uint64
 	phase := atomic.Value{}
 	phase.Store("catch-up")
 	stopProgress := rebuild.ReportProgress(r.log, r.cfg.ProgressEvery, r.cfg.Progress, func() (done, pending uint64) {
-		done = earlier.done.Load()
+		done, pending = earlier.done.Load(), sweepPending.Load()
 		if ws := cur.Load(); ws != nil {
 			for _, w := range *ws {
 				done, pending = done+w.done.Load(), pending+w.pending.Load()
@@ -117,6 +118,9 @@ func (r *Rebuild) Run(ctx context.Context) (rebuild.Result, error) {
 		workers, err := r.openWorkers(ctx, eventsTruncated)
 		cur.Store(&workers)
 		if err != nil {
+			return res, err
+		}
+		if err := r.sweep(ctx, workers, &sweepPending); err != nil {
 			return res, err
 		}
 		g, gctx := errgroup.WithContext(ctx)

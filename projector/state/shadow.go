@@ -23,15 +23,18 @@ type shadowWorker struct {
 	p       int
 	rows    map[string]row
 	cp, pos uint64
-	cons    *logread.Reader
+	cons    *logread.Reader // opened at the first fetch, after the sweep
 	held    []jetstream.Msg // fetched, beyond the target
 	check   *eventChecker
 	done    atomic.Uint64
 	pending atomic.Uint64
+	// sweeping: the batches come from the sweep's unfiltered consumer, whose pending count
+	// is not the partition's.
+	sweeping bool
 }
 
 // open loads the shadow's rows and checkpoint of the partition and opens a logReader on
-// the partition right after it (and one on its EVENTS, for the checks).
+// its EVENTS, for the checks.
 func (w *shadowWorker) open(ctx context.Context) error {
 	r := w.r
 	cp, err := readCheckpoint(ctx, r.pg, ShadowName, w.p)
@@ -47,12 +50,6 @@ func (w *shadowWorker) open(ctx context.Context) error {
 	if err := scanRows(rows, w.rows); err != nil {
 		return err
 	}
-	startSeq := max(w.cp+1, r.cfg.FromSeq, 1)
-	w.cons, err = logread.New(ctx, r.js, natsx.ReadingsStream, natsx.ReadingsPartitionFilter(w.p), startSeq)
-	if err != nil {
-		return fmt.Errorf("READINGS of partition %d: %w", w.p, err)
-	}
-	w.pending.Store(w.cons.Pending())
 	w.check.cons, err = logread.New(ctx, r.js, natsx.EventsStream, natsx.EventsPartitionFilter(w.p), 1)
 	if err != nil {
 		return fmt.Errorf("EVENTS of partition %d: %w", w.p, err)
@@ -135,6 +132,15 @@ func (w *shadowWorker) applyUpTo(ctx context.Context, target uint64, inTx func(c
 }
 
 func (w *shadowWorker) fetch(ctx context.Context) ([]jetstream.Msg, error) {
+	if w.cons == nil {
+		// The partition's own consumer, right after what is applied (by the sweep, say).
+		cons, err := logread.New(ctx, w.r.js, natsx.ReadingsStream, natsx.ReadingsPartitionFilter(w.p), max(w.pos+1, w.r.cfg.FromSeq, 1))
+		if err != nil {
+			return nil, fmt.Errorf("READINGS of partition %d: %w", w.p, err)
+		}
+		w.cons = cons
+		w.pending.Store(cons.Pending())
+	}
 	msgs, err := w.cons.Fetch(ctx, w.r.cfg.BatchSize, 0)
 	if err == nil && len(msgs) == 0 {
 		msgs, err = w.cons.Fetch(ctx, w.r.cfg.BatchSize, 200*time.Millisecond)
@@ -167,7 +173,9 @@ func (w *shadowWorker) apply(ctx context.Context, msgs []jetstream.Msg, inTx fun
 	}
 	w.cp, w.pos = sb.last, sb.last
 	w.done.Add(uint64(len(msgs)))
-	w.pending.Store(sb.pending)
+	if !w.sweeping {
+		w.pending.Store(sb.pending)
+	}
 	return nil
 }
 
