@@ -161,6 +161,12 @@ func (r *Rebuild) Run(ctx context.Context) (rebuild.Result, error) {
 	return res, nil
 }
 
+// inPool runs f in a transaction of its own on the pool: how a shadow batch is written
+// outside the swap (which writes the tail in its own transaction).
+func (r *Rebuild) inPool(ctx context.Context, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, r.pg, f)
+}
+
 // swapAttempts bounds the swaps tried when the live projector's locks get in the way.
 const swapAttempts = 5
 

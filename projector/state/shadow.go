@@ -70,7 +70,6 @@ func (w *shadowWorker) close(ctx context.Context) {
 // follow applies the partition up to the live checkpoint, again and again, until it is
 // within SwapTail of it.
 func (w *shadowWorker) follow(ctx context.Context) error {
-	inPool := func(ctx context.Context, f func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, w.r.pg, f) }
 	for {
 		live, err := readCheckpoints(ctx, w.r.pg, Name, false)
 		if err != nil {
@@ -83,7 +82,7 @@ func (w *shadowWorker) follow(ctx context.Context) error {
 		if target <= w.pos || target-w.pos <= w.r.cfg.SwapTail {
 			return nil
 		}
-		if err := w.applyUpTo(ctx, target, inPool); err != nil {
+		if err := w.applyUpTo(ctx, target, w.r.inPool); err != nil {
 			return err
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -50,7 +49,6 @@ func (r *Rebuild) sweep(ctx context.Context, workers []*shadowWorker, pending *a
 	defer cons.Close(ctx)
 	defer pending.Store(0)
 
-	inPool := func(ctx context.Context, f func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, r.pg, f) }
 	g, gctx := errgroup.WithContext(ctx)
 	queues := make([]chan []jetstream.Msg, len(workers))
 	for i, w := range workers {
@@ -58,7 +56,7 @@ func (r *Rebuild) sweep(ctx context.Context, workers []*shadowWorker, pending *a
 		w.sweeping = true
 		g.Go(func() error {
 			for msgs := range queues[i] {
-				if err := w.apply(gctx, msgs, inPool); err != nil {
+				if err := w.apply(gctx, msgs, r.inPool); err != nil {
 					return err
 				}
 			}
@@ -104,8 +102,9 @@ func (r *Rebuild) route(ctx context.Context, cons *logread.Reader, to uint64, fl
 		if err != nil {
 			return fmt.Errorf("fetch READINGS: %w", err)
 		}
-		pending.Store(cons.Pending())
-		if len(msgs) == 0 && cons.Pending() == 0 {
+		left := cons.Pending()
+		pending.Store(left)
+		if len(msgs) == 0 && left == 0 {
 			break // the stream ends before to: what it lost, the workers' own reads find lost too
 		}
 		for _, m := range msgs {
