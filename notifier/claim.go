@@ -124,18 +124,17 @@ func (c capacity) rooms() func(client string) int {
 // A concurrent writer of the row (ingest superseding it) is waited for and re-checked by
 // the UPDATE itself.
 //
-// Once begun, the transaction is seen through to its end even when ctx ends, as intakeTx
-// is: a claim abandoned after its COMMIT was sent could still commit, leaving its rows
-// leased to a dispatcher that is gone. The caller gives back what it cannot attempt.
+// Once begun, it is seen through (seeThrough) even when ctx ends; the caller gives back what
+// it cannot attempt.
 func claim(ctx context.Context, db pgtx.Pool, c capacity, limit int, token int64, lease time.Duration) ([]claimed, error) {
 	var out []claimed
-	if err := ctx.Err(); err != nil {
+	ctx, cancel, err := seeThrough(ctx)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leasingTxTimeout)
 	defer cancel()
 	leasedAt := time.Now()
-	err := pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
+	err = pgtx.Run(ctx, db, func(tx *pgtx.Tx) error {
 		b := &pgx.Batch{}
 		queueCandidates(b, c, limit)
 		var ids []int64

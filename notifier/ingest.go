@@ -29,6 +29,20 @@ const ingestRetryMax = 5 * time.Second
 // after its context ended.
 const leasingTxTimeout = 10 * time.Second
 
+// seeThrough is the context of a transaction that leases deliveries: none when ctx has
+// already ended, and otherwise one that outlives ctx by up to leasingTxTimeout. Abandoned
+// after its COMMIT was sent, such a transaction could still commit on the server, and the
+// rows it leased for this process's dispatcher would then wait out their lease with no one
+// to attempt or give them back; seen through, the caller learns its outcome and hands on or
+// gives back what it leased.
+func seeThrough(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leasingTxTimeout)
+	return tctx, cancel, nil
+}
+
 // ingestIdleWait is how long a read of an idle partition waits for an event; a delivery
 // lost at the tail is noticed after it.
 const ingestIdleWait = time.Second
@@ -199,21 +213,17 @@ type intook struct {
 
 // intakeTx writes evs' deliveries, leases those that may go at once (handoff.go), and
 // moves in's position to pos, in one transaction fenced by in's epoch.
-//
-// Once begun, the transaction is seen through to its end even when ctx ends (the partition
-// moved to another process, or this one stopping): abandoned after its COMMIT was sent, it
-// could still commit on the server, and the rows it leased for this process's dispatcher
-// would then wait out their lease with no one to attempt or give them back. A fence that
-// failed in the meantime rolls it back.
+// Once begun, it is seen through (seeThrough) even when ctx ends: the partition moved to
+// another process, or this one stopping. A fence that failed meanwhile rolls it back.
 func (n *Notifier) intakeTx(ctx context.Context, in *intake, pos position, evs []event.Event, payloads [][]byte, tps []string) (intook, error) {
 	var t intook
-	if err := ctx.Err(); err != nil {
+	ctx, cancel, err := seeThrough(ctx)
+	if err != nil {
 		return t, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leasingTxTimeout)
 	defer cancel()
 	begun := time.Now()
-	err := pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
+	err = pgtx.Run(ctx, n.db, func(tx *pgtx.Tx) error {
 		t = intook{}
 		// The fence first, so that a claim by another process waits for this transaction or
 		// fences it; in the INSERT's round trip.
