@@ -52,13 +52,7 @@ func discardDatabase(ctx context.Context, name string) {
 func dropTrash() {
 	ctx := context.Background()
 	for range janitor.wake {
-		c, err := pgx.Connect(ctx, pgAdminURL())
-		if err != nil {
-			continue
-		}
-		rows, _ := c.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'locks\_trash\_%'`)
-		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-		_ = c.Close(ctx)
+		names := pgDatabases(ctx, trashPrefix)
 		var g errgroup.Group
 		g.SetLimit(4)
 		for _, n := range names {
@@ -74,4 +68,20 @@ func dropTrash() {
 		}
 		_ = g.Wait()
 	}
+}
+
+// pgDatabases lists the test Postgres's databases whose name starts with prefix, templates
+// aside; none when it cannot.
+func pgDatabases(ctx context.Context, prefix string) []string {
+	c, err := pgx.Connect(ctx, pgAdminURL())
+	if err != nil {
+		return nil
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, `SELECT datname FROM pg_database WHERE starts_with(datname, $1) AND NOT datistemplate`, prefix)
+	if err != nil {
+		return nil
+	}
+	names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+	return names
 }

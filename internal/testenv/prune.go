@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/jackc/pgx/v5"
 )
 
 // Leftovers. A test process killed before its cleanups (a CI job cut off, a session ended,
@@ -43,15 +42,8 @@ func prunePostgres() {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			c, err := pgx.Connect(ctx, pgAdminURL())
-			if err != nil {
-				return
-			}
-			rows, _ := c.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'locks\_%' AND NOT datistemplate`)
-			names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-			_ = c.Close(ctx)
 			now := time.Now()
-			for _, n := range names {
+			for _, n := range pgDatabases(ctx, "locks_") {
 				if leftover(n, now) {
 					discardDatabase(ctx, n)
 				}
