@@ -152,14 +152,7 @@ func TestFeedEqualsReceiver(t *testing.T) {
 		}
 	}
 
-	var got [][]byte
-	var cur string
-	deadline := time.Now().Add(10 * time.Second)
-	for len(got) < sensors*(downRevs+upRevs) && time.Now().Before(deadline) {
-		var more [][]byte
-		more, cur = readFeedREST(f.env, f.tokA, f.a, cur, 97)
-		got = append(got, more...)
-	}
+	got, _ := readFeedAtLeast(f.env, f.tokA, f.a, "", 97, sensors*(downRevs+upRevs), 10*time.Second)
 	if len(got) != sensors*(downRevs+upRevs) {
 		t.Fatalf("feed has %d events, want %d", len(got), sensors*(downRevs+upRevs))
 	}

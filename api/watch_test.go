@@ -170,7 +170,7 @@ func TestWatch(t *testing.T) {
 		}
 		return out
 	}
-	feed, _ := readFeedREST(f.env, f.tokA, f.a, "", 1000)
+	feed, _ := readFeedAtLeast(f.env, f.tokA, f.a, "", 1000, 12, 10*time.Second)
 	if len(feed) != 12 {
 		t.Fatalf("the feed has %d events, want 12", len(feed))
 	}
