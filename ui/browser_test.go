@@ -150,6 +150,45 @@ func clickInPanel(t *testing.T, ctx context.Context, d time.Duration, what, sel 
 	}
 }
 
+// clickAcrossRefresh clicks sel in panel as a person does who holds the button while the
+// panel reloads: it presses, waits until a reload of the panel has come back, and releases.
+// The page must not swap the reload in while the button is pressed: a reload that replaces the
+// button, or one of another panel that moves it, sends the release elsewhere and loses the click.
+func clickAcrossRefresh(t *testing.T, ctx context.Context, panel, sel string) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 5*uiRefresh)
+	defer cancel()
+	at, err := chromedp.Run(c, chromedp.Evaluate[[]float64](`(() => {
+		window.locksTestReloads = 0;
+		document.addEventListener("htmx:beforeSwap", (e) => {
+			if (e.detail.target.id === "`+panel+`" && e.detail.requestConfig.verb === "get") window.locksTestReloads++;
+		});
+		const b = document.querySelector('`+sel+`');
+		b.scrollIntoView({block: "center"});
+		const r = b.getBoundingClientRect();
+		return [r.x + r.width / 2, r.y + r.height / 2];
+	})()`))
+	if err != nil {
+		t.Fatalf("find %s: %v", sel, err)
+	}
+	if err := chromedp.Do(c, chromedp.MouseEvent(chromedp.MousePressed, at[0], at[1], chromedp.ButtonLeft, chromedp.ClickCount(1))); err != nil {
+		t.Fatalf("press %s: %v", sel, err)
+	}
+	for {
+		n, err := chromedp.Run(c, chromedp.Evaluate[int](`window.locksTestReloads`))
+		if err != nil {
+			t.Fatalf("no reload of #%s came back while %s was pressed: %v", panel, sel, err)
+		}
+		if n > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := chromedp.Do(c, chromedp.MouseEvent(chromedp.MouseReleased, at[0], at[1], chromedp.ButtonLeft, chromedp.ClickCount(1))); err != nil {
+		t.Fatalf("release %s: %v", sel, err)
+	}
+}
+
 // The dashboard against a whole running system, in headless Chromium: sign-in, the lost
 // list, a rebuild started from the page; and the access rules (no session: sign-in page; a
 // POST without the CSRF token: refused). TestDashboardControlsInBrowser does the webhook
@@ -381,8 +420,11 @@ func TestDashboardControlsInBrowser(t *testing.T) {
 		}
 		shot(t, ctx, dir, "endpoint-disabled")
 		rcv.setFailing(false)
-		clickInPanel(t, ctx, 10*time.Second, "re-enable", tr+` button.enable`)
-		step(t, ctx, 10*time.Second, "re-enable clicked", chromedp.WaitVisible(chromedp.CSS(`#clients-result .ok`)))
+		clickAcrossRefresh(t, ctx, "clients", tr+` button.enable`)
+		step(t, ctx, 10*time.Second, "the re-enable's result", chromedp.WaitVisible(chromedp.CSS(`#clients-result p`)))
+		if msg, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#clients-result p`))); err != nil || !strings.Contains(msg, "re-enabled") {
+			t.Fatalf("re-enable: the page says %q (%v), want it re-enabled", msg, err)
+		}
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Logf("receiver: failed %v, delivered %v; stats %v", rcv.failedIDs(), rcv.deliveredIDs(),
