@@ -151,41 +151,61 @@ func clickInPanel(t *testing.T, ctx context.Context, d time.Duration, what, sel 
 }
 
 // clickAcrossRefresh clicks sel in panel as a person does who holds the button while the
-// panel reloads: it presses, waits until a reload of the panel has come back, and releases.
-// The page must not swap the reload in while the button is pressed: a reload that replaces the
-// button, or one of another panel that moves it, sends the release elsewhere and loses the click.
+// panel reloads: it moves the pointer onto the button, presses, waits until a reload of the
+// panel has come back, and releases. The page must not swap a reload in while the button is
+// pressed: a reload that replaces the button, or one of another panel that moves it, sends
+// the release elsewhere and loses the click. A pointer that missed the button (a reload moved
+// it first) is taken away and released off it, and the click tried again.
 func clickAcrossRefresh(t *testing.T, ctx context.Context, panel, sel string) {
 	t.Helper()
-	c, cancel := context.WithTimeout(ctx, 5*uiRefresh)
+	c, cancel := context.WithTimeout(ctx, 10*uiRefresh)
 	defer cancel()
-	at, err := chromedp.Run(c, chromedp.Evaluate[[]float64](`(() => {
+	eval := func(what, js string) any {
+		t.Helper()
+		v, err := chromedp.Run(c, chromedp.Evaluate[any](js))
+		if err != nil {
+			t.Fatalf("%s (%s): %v", what, sel, err)
+		}
+		return v
+	}
+	mouse := func(what string, ev chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(c, ev); err != nil {
+			t.Fatalf("%s %s: %v", what, sel, err)
+		}
+	}
+	left := []chromedp.MouseOption{chromedp.ButtonLeft, chromedp.ClickCount(1)}
+	eval("count the panel's reloads", `(() => {
 		window.locksTestReloads = 0;
 		document.addEventListener("htmx:beforeSwap", (e) => {
 			if (e.detail.target.id === "`+panel+`" && e.detail.requestConfig.verb === "get") window.locksTestReloads++;
 		});
-		const b = document.querySelector('`+sel+`');
-		b.scrollIntoView({block: "center"});
-		const r = b.getBoundingClientRect();
-		return [r.x + r.width / 2, r.y + r.height / 2];
-	})()`))
-	if err != nil {
-		t.Fatalf("find %s: %v", sel, err)
-	}
-	if err := chromedp.Do(c, chromedp.MouseEvent(chromedp.MousePressed, at[0], at[1], chromedp.ButtonLeft, chromedp.ClickCount(1))); err != nil {
-		t.Fatalf("press %s: %v", sel, err)
-	}
+	})()`)
+	q := `document.querySelector('` + sel + `')`
 	for {
-		n, err := chromedp.Run(c, chromedp.Evaluate[int](`window.locksTestReloads`))
-		if err != nil {
-			t.Fatalf("no reload of #%s came back while %s was pressed: %v", panel, sel, err)
+		at := eval("find", `(() => {
+			const b = `+q+`;
+			b.scrollIntoView({block: "center"});
+			const r = b.getBoundingClientRect();
+			return [r.x + r.width / 2, r.y + r.height / 2];
+		})()`).([]any)
+		x, y := at[0].(float64), at[1].(float64)
+		mouse("move onto", chromedp.MouseEvent(chromedp.MouseMoved, x, y))
+		if eval("hover", q+`.matches(":hover")`) != true {
+			continue // moved by a reload on the way
 		}
-		if n > 0 {
-			break
+		mouse("press", chromedp.MouseEvent(chromedp.MousePressed, x, y, left...))
+		if eval("press", q+`.matches(":active")`) != true {
+			mouse("move off", chromedp.MouseEvent(chromedp.MouseMoved, 1, 1, chromedp.ButtonLeft))
+			mouse("release off", chromedp.MouseEvent(chromedp.MouseReleased, 1, 1, left...))
+			continue
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := chromedp.Do(c, chromedp.MouseEvent(chromedp.MouseReleased, at[0], at[1], chromedp.ButtonLeft, chromedp.ClickCount(1))); err != nil {
-		t.Fatalf("release %s: %v", sel, err)
+		n := eval("reloads", `window.locksTestReloads`).(float64)
+		for eval("reloads", `window.locksTestReloads`).(float64) == n {
+			time.Sleep(50 * time.Millisecond)
+		}
+		mouse("release", chromedp.MouseEvent(chromedp.MouseReleased, x, y, left...))
+		return
 	}
 }
 
