@@ -51,6 +51,21 @@ func ReadingsStoredSubject(p int, sensorID string) string {
 	return "readings." + strconv.Itoa(p) + "." + sensorID
 }
 
+// ReadingsStoredPartition is the partition of a subject ReadingsStoredSubject made, when
+// subject is one.
+func ReadingsStoredPartition(subject string) (int, bool) {
+	rest, ok := strings.CutPrefix(subject, "readings.")
+	if !ok {
+		return 0, false
+	}
+	p, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(p)
+	return n, err == nil && n >= 0
+}
+
 // LivenessKeySubject is the subject of a key (or, with a wildcard, of keys) in the
 // liveness bucket, as the bucket's stream stores it.
 func LivenessKeySubject(key string) string { return "$KV." + LivenessBucket + "." + key }

@@ -108,6 +108,22 @@ func TestLivenessKeySubject(t *testing.T) {
 	}
 }
 
+// ReadingsStoredPartition reads back the partition ReadingsStoredSubject wrote, and nothing
+// from another subject.
+func TestReadingsStoredPartition(t *testing.T) {
+	t.Parallel()
+	for _, p := range []int{0, 7, 15} {
+		if got, ok := natsx.ReadingsStoredPartition(natsx.ReadingsStoredSubject(p, "door.1")); !ok || got != p {
+			t.Errorf("partition of %s: %d, %v; want %d", natsx.ReadingsStoredSubject(p, "door.1"), got, ok, p)
+		}
+	}
+	for _, s := range []string{natsx.ReadingsSubject("door1"), natsx.EventsSubject(3, "door1"), "readings.x.door1", "readings.3", "readings.-1.door1"} {
+		if p, ok := natsx.ReadingsStoredPartition(s); ok {
+			t.Errorf("partition of %s: %d, want none", s, p)
+		}
+	}
+}
+
 // A stream's atomic batches follow AtomicPublish exactly when AtomicPublishExact (the
 // embedded server, switched from LOCKS_NATS_SYNC=always to an interval and back), and are
 // only ever added otherwise (an external server, where an operator may have allowed them).

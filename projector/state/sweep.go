@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -116,8 +114,8 @@ func (r *Rebuild) route(ctx context.Context, cons *logread.Reader, to uint64, fl
 			if done = seq >= to; seq > to {
 				break
 			}
-			i, ok := subjectPartition(m.Subject(), len(queues))
-			if !ok || seq <= floors[i] || seq > bound[i] {
+			i, ok := natsx.ReadingsStoredPartition(m.Subject())
+			if !ok || i >= len(queues) || seq <= floors[i] || seq > bound[i] {
 				continue // another stream's subject, applied already, or past the live projection
 			}
 			if batches[i] = append(batches[i], m); len(batches[i]) >= r.cfg.BatchSize {
@@ -133,15 +131,4 @@ func (r *Rebuild) route(ctx context.Context, cons *logread.Reader, to uint64, fl
 		}
 	}
 	return nil
-}
-
-// subjectPartition is the partition of a READINGS subject (readings.<partition>.<sensor>),
-// when it is one of n.
-func subjectPartition(subject string, n int) (int, bool) {
-	p, _, ok := strings.Cut(strings.TrimPrefix(subject, "readings."), ".")
-	if !ok || !strings.HasPrefix(subject, "readings.") {
-		return 0, false
-	}
-	i, err := strconv.Atoi(p)
-	return i, err == nil && i >= 0 && i < n
 }
