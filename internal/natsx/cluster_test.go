@@ -66,7 +66,10 @@ func jsCluster(t *testing.T, n int) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	// The JetStream API's requests get the 30 s that `locks` gives Declare at start, not the
+	// client's 5 s: a stream's creation waits for the meta leader and the placed node, which
+	// may be slow to answer on a busy machine.
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
