@@ -75,7 +75,7 @@ func runChild() int {
 		return 1
 	}
 	n, err := New(Config{PartitionCount: cfg.Partitions, RetrySchedule: cfg.RetrySchedule, WebhookTimeout: cfg.WebhookTimeout,
-		WebhookAllowPrivate: cfg.WebhookAllowPrivate, PollInterval: 100 * time.Millisecond, Owner: os.Getenv(ownerEnv)},
+		LeaseMargin: cfg.WebhookLeaseMargin, WebhookAllowPrivate: cfg.WebhookAllowPrivate, PollInterval: 100 * time.Millisecond, Owner: os.Getenv(ownerEnv)},
 		Deps{JS: js, PG: pool, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

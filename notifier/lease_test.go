@@ -67,7 +67,10 @@ func TestNotifierLeaseTakeover(t *testing.T) {
 	e.exec(`INSERT INTO sensors (id, address) SELECT 's' || i, 'here' FROM generate_series(1, $1) i`, sensors)
 	e.exec(`INSERT INTO subscriptions (client_id, sensor_id) SELECT 'c1', 's' || i FROM generate_series(1, $1) i`, sensors)
 	owner := func(name string) string { return ownerEnv + "=" + name }
-	a, _ := e.child("100ms,100ms,100ms", "", owner("a")), e.child("100ms,100ms,100ms", "", owner("b"))
+	// A delivery the killed process had claimed is sent again once its row lease runs out: the
+	// 1 s timeout plus a margin shorter than the default, so the test waits seconds, not half a minute.
+	margin := "LOCKS_WEBHOOK_LEASE_MARGIN=7s"
+	a, _ := e.child("100ms,100ms,100ms", "", owner("a"), margin), e.child("100ms,100ms,100ms", "", owner("b"), margin)
 	e.waitOwners(30*time.Second, map[string]int{"a": 2, "b": 2})
 
 	var killed time.Time
@@ -101,8 +104,7 @@ func TestNotifierLeaseTakeover(t *testing.T) {
 		}
 		return out
 	}
-	// A delivery the killed process had claimed waits for its row lease (timeout + 30 s).
-	testenv.Eventually(t, 90*time.Second, "every event delivered", func() bool { return len(missing()) == 0 })
+	testenv.Eventually(t, 60*time.Second, "every event delivered", func() bool { return len(missing()) == 0 })
 	if m := missing(); len(m) > 0 {
 		t.Fatalf("%d events never delivered: %s", len(m), strings.Join(m[:min(len(m), 10)], " "))
 	}
