@@ -33,8 +33,10 @@ func (a *Alerter) withLock(ctx context.Context, fn func(ctx context.Context, pin
 		a.m.active.Set(0)
 		return nil
 	}
+	// A stop does not cut a ping short: pgx closes a connection whose query is cancelled, and
+	// that would give the lock up while a sender still finishes its notice.
 	ping := func(ctx context.Context) error {
-		pctx, cancel := context.WithTimeout(ctx, a.cfg.SendTimeout)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.SendTimeout)
 		defer cancel()
 		return conn.Ping(pctx)
 	}

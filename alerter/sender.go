@@ -130,7 +130,10 @@ func (s *sender) step(ctx context.Context) (time.Duration, error) {
 		return max(time.Duration(freeIn*float64(time.Second)), 10*time.Millisecond), nil
 	}
 
-	sctx, cancel := context.WithTimeout(ctx, s.a.cfg.SendTimeout)
+	// Sent with a context of its own, bounded by the send timeout: a stop that began now lets
+	// the send finish and be marked before the lock is given up, so that the next holder does
+	// not send the notice again. Only a process killed mid-send leaves it to be sent twice.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.a.cfg.SendTimeout)
 	err = s.send(sctx, n)
 	cancel()
 	if err != nil {
@@ -148,8 +151,7 @@ func (s *sender) step(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	crashpoint.Hit(CrashAfterSend)
-	// Marked with a context of its own: the channel has the notice, so the mark should land
-	// even when a stop begins right now.
+	// Marked with a context of its own too: the channel has the notice.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.a.cfg.SendTimeout)
 	defer cancel()
 	for attempt := 1; ; attempt++ {

@@ -2,6 +2,7 @@ package alerter
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -109,6 +110,51 @@ func TestOneActiveAlerter(t *testing.T) {
 	e.moreEvaluations(reg2, 3)
 	if len(e.smtp.got()) != 2 || len(e.hook.got()) != 2 {
 		t.Errorf("e-mails %+v, webhooks %+v; want firing and resolved once each", e.smtp.got(), e.hook.got())
+	}
+}
+
+// TestStopMidSendSendsOnce stops the active alerter while its webhook notice is in flight:
+// the receiver has the notice and has not answered yet. The stop lets the send finish and be
+// marked before the lock is given up, so the alerter that takes over sends nothing again.
+func TestStopMidSendSendsOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config()
+	a1, reg1 := e.alerter(cfg, Deps{})
+	a2, reg2 := e.alerter(cfg, Deps{})
+	ctx1, stop1 := context.WithCancel(t.Context())
+	defer stop1()
+	done1 := make(chan error, 1)
+	go func() { done1 <- a1.Run(ctx1) }()
+	testenv.Eventually(t, 20*time.Second, "alerter 1 active", func() bool { return metric(t, reg1, "locks_alerter_active", nil) == 1 })
+	testenv.RunPart(t, "alerter 2", a2.Run, 15*time.Second)
+
+	// The first webhook request stops alerter 1 before the receiver answers it.
+	e.hook.mu.Lock()
+	e.hook.status = func(n int) int {
+		if n == 1 {
+			stop1()
+		}
+		return http.StatusNoContent
+	}
+	e.hook.mu.Unlock()
+	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
+	select {
+	case err := <-done1:
+		if err != nil {
+			t.Fatalf("alerter 1: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("alerter 1 did not stop within 20 s of the webhook request that stopped it")
+	}
+	if n := metric(t, reg1, "locks_alert_notices_sent_total", map[string]string{"channel": "webhook"}); n != 1 {
+		t.Fatalf("alerter 1 marked %v webhook notices sent; want the one in flight at its stop", n)
+	}
+	testenv.Eventually(t, 20*time.Second, "alerter 2 active", func() bool { return metric(t, reg2, "locks_alerter_active", nil) == 1 })
+	testenv.Eventually(t, 20*time.Second, "the firing e-mail", func() bool { return len(e.smtp.got()) >= 1 })
+	e.moreEvaluations(reg2, 3)
+	if len(e.smtp.got()) != 1 || len(e.hook.got()) != 1 {
+		t.Errorf("e-mails %+v, webhooks %+v; want the firing notice once on each channel", e.smtp.got(), e.hook.got())
 	}
 }
 
