@@ -137,6 +137,16 @@ func (e *env) alerter(cfg Config, d Deps) (*Alerter, *prometheus.Registry) {
 	return a, reg
 }
 
+// standby waits until the alerter whose registry is active1 holds the lock, then runs a
+// second alerter with cfg beside it, and returns that one's registry.
+func (e *env) standby(cfg Config, active1 *prometheus.Registry) *prometheus.Registry {
+	e.t.Helper()
+	testenv.Eventually(e.t, 20*time.Second, "alerter 1 active", func() bool { return metric(e.t, active1, "locks_alerter_active", nil) == 1 })
+	a2, reg2 := e.alerter(cfg, Deps{})
+	testenv.RunPart(e.t, "alerter 2", a2.Run, 15*time.Second)
+	return reg2
+}
+
 func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()
 	if _, err := e.pg.Exec(context.Background(), sql, args...); err != nil {

@@ -94,10 +94,8 @@ func TestOneActiveAlerter(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config()
 	a1, reg1 := e.alerter(cfg, Deps{})
-	a2, reg2 := e.alerter(cfg, Deps{})
 	stop1 := testenv.RunPart(t, "alerter 1", a1.Run, 15*time.Second)
-	testenv.Eventually(t, 20*time.Second, "alerter 1 active", func() bool { return metric(t, reg1, "locks_alerter_active", nil) == 1 })
-	testenv.RunPart(t, "alerter 2", a2.Run, 15*time.Second)
+	reg2 := e.standby(cfg, reg1)
 	e.exec(`INSERT INTO clients (id, name, webhook_url, signing_secret, disabled_at) VALUES ('c1', 'c1', 'http://x', $1, now())`, testSecret)
 	testenv.Eventually(t, 20*time.Second, "the firing notices", func() bool { return len(e.smtp.got()) == 1 && len(e.hook.got()) == 1 })
 	if metric(t, reg2, "locks_alerter_active", nil) != 0 || metric(t, reg2, "locks_alert_evaluations_total", nil) != 0 {
@@ -121,13 +119,13 @@ func TestStopMidSendSendsOnce(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config()
 	a1, reg1 := e.alerter(cfg, Deps{})
-	a2, reg2 := e.alerter(cfg, Deps{})
+	// Run by hand, not by RunPart: its stop waits for Run, which here waits for the
+	// receiver that calls the stop.
 	ctx1, stop1 := context.WithCancel(t.Context())
 	defer stop1()
 	done1 := make(chan error, 1)
 	go func() { done1 <- a1.Run(ctx1) }()
-	testenv.Eventually(t, 20*time.Second, "alerter 1 active", func() bool { return metric(t, reg1, "locks_alerter_active", nil) == 1 })
-	testenv.RunPart(t, "alerter 2", a2.Run, 15*time.Second)
+	reg2 := e.standby(cfg, reg1)
 
 	// The first webhook request stops alerter 1 before the receiver answers it.
 	e.hook.mu.Lock()
