@@ -3,7 +3,14 @@
 # development and tests, idempotently: what is installed is not reinstalled, what runs is
 # left running. Prints each step. On a machine where it cannot (not root, not Debian), it
 # says what to do instead: point LOCKS_*_URL at your own servers and set LOCKS_SKIP_SERVICES=1.
+# With --tests it also runs the tests' own PostgreSQL cluster on 127.0.0.1:5433 (below).
 set -euo pipefail
+tests=0
+case "${1:-}" in
+  --tests) tests=1 ;;
+  "") ;;
+  *) printf '[services] ERROR: unknown argument %s (the only one is --tests)\n' "$1" >&2; exit 2 ;;
+esac
 
 say() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -98,29 +105,32 @@ if ! psql -XtAqw -h 127.0.0.1 -U postgres -d postgres -c 'select 1' >/dev/null 2
 fi
 say "PostgreSQL ready on 127.0.0.1:5432"
 
-# The tests' own cluster on 127.0.0.1:5433 (`go tool task test` points LOCKS_TEST_POSTGRES_URL
-# at it). Its databases live for one test: made from a template and dropped by the hundred per
-# run, never kept. So it runs without fsync and full-page writes. A killed process still loses
-# nothing the kernel holds, and the cluster skips the forced checkpoints' disk flushes, which
-# the tests do not need. `go tool task up` and the benchmarks keep the durable cluster above.
-ver=$(basename "$(dirname "$(dirname "$hba")")")
-tconf=/etc/postgresql/$ver/locks_test
-if [ ! -d "$tconf" ]; then
-  say "PostgreSQL: creating the tests' cluster $ver/locks_test on 127.0.0.1:5433 (no fsync; test databases only)…"
-  pg_createcluster "$ver" locks_test -p 5433 -- --auth-host=trust --auth-local=peer >/dev/null ||
-    die "pg_createcluster $ver locks_test failed (is port 5433 taken?); remove it with: pg_dropcluster --stop $ver locks_test"
+# --tests: the tests' own cluster on 127.0.0.1:5433 (`go tool task test` points
+# LOCKS_TEST_POSTGRES_URL at it). Its databases live for one test: made from a template and
+# dropped by the hundred per run, never kept. So it runs without fsync and full-page writes. A
+# killed process still loses nothing the kernel holds, and the cluster skips the forced
+# checkpoints' disk flushes, which the tests do not need. `go tool task up` and the benchmarks
+# keep the durable cluster above, and do not start this one.
+if [ "$tests" = 1 ]; then
+  ver=$(basename "$(dirname "$(dirname "$hba")")")
+  tconf=/etc/postgresql/$ver/locks_test
+  if [ ! -f "$tconf/postgresql.conf" ]; then
+    say "PostgreSQL: creating the tests' cluster $ver/locks_test on 127.0.0.1:5433 (no fsync; test databases only)…"
+    pg_createcluster "$ver" locks_test -p 5433 -- --auth-host=trust --auth-local=peer >/dev/null ||
+      die "pg_createcluster $ver locks_test failed (is port 5433 taken?); remove it with: pg_dropcluster --stop $ver locks_test"
+  fi
+  if [ ! -f "$tconf/conf.d/locks-test.conf" ]; then
+    printf '%s\n' '# lock-sensors tests: throwaway databases, many connections' \
+      "listen_addresses = '127.0.0.1'" 'max_connections = 300' 'shared_buffers = 256MB' \
+      'fsync = off' 'full_page_writes = off' >"$tconf/conf.d/locks-test.conf"
+  fi
+  if ! wait_port postgres-tests 5433 0; then
+    say "starting the tests' PostgreSQL…"
+    pg_ctlcluster "$ver" locks_test start || die "the tests' PostgreSQL did not start; see /var/log/postgresql/postgresql-$ver-locks_test.log"
+  fi
+  wait_port postgres-tests 5433 60 || die "the tests' PostgreSQL did not listen on 127.0.0.1:5433; see /var/log/postgresql/postgresql-$ver-locks_test.log"
+  say "PostgreSQL for tests ready on 127.0.0.1:5433"
 fi
-if [ ! -f "$tconf/conf.d/locks-test.conf" ]; then
-  printf '%s\n' '# lock-sensors tests: throwaway databases, many connections' \
-    "listen_addresses = '127.0.0.1'" 'max_connections = 300' 'shared_buffers = 256MB' \
-    'fsync = off' 'full_page_writes = off' >"$tconf/conf.d/locks-test.conf"
-fi
-if ! wait_port postgres-tests 5433 0; then
-  say "starting the tests' PostgreSQL…"
-  pg_ctlcluster "$ver" locks_test start || die "the tests' PostgreSQL did not start; see /var/log/postgresql/postgresql-$ver-locks_test.log"
-fi
-wait_port postgres-tests 5433 60 || die "the tests' PostgreSQL did not listen on 127.0.0.1:5433; see /var/log/postgresql/postgresql-$ver-locks_test.log"
-say "PostgreSQL for tests ready on 127.0.0.1:5433"
 
 if ! wait_port rabbitmq 5672 0; then
   say "starting RabbitMQ…"
